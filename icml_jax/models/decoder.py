@@ -1,0 +1,268 @@
+"""One Flax NNX decoder for Llama-3.x, Qwen3 and Gemma3; family differences are switches in ModelConfig.
+
+Parameters keep heads explicit (`q` kernel is [embed, heads, head_dim]) and carry logical axis names in their
+`logical_axes` metadata so a rules table can place them on a mesh. The KV cache is a pytree passed in and returned,
+never module state, so jitted samplers can donate it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from icml_jax.models.config import ModelConfig, RopeConfig
+
+Array = jax.Array
+
+# Logical axis names; the rules table in icml_jax.parallel maps them to mesh axes.
+EMBED, VOCAB, HEADS, KV_HEADS, HEAD_DIM, MLP = "embed", "vocab", "heads", "kv_heads", "head_dim", "mlp"
+
+
+def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], dtype, scale: float) -> nnx.Param:
+    """A normally initialised parameter tagged with its logical axes."""
+    value = (scale * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+    return nnx.Param(value, logical_axes=axes)
+
+
+class RMSNorm(nnx.Module):
+    """RMS norm in float32; Llama/Qwen scale by `w` after casting back, Gemma by `(1 + w)` before."""
+
+    def __init__(self, dim: int, eps: float, plus_one: bool, dtype, axis_name: str = EMBED):
+        self.eps, self.plus_one = eps, plus_one
+        init = jnp.zeros if plus_one else jnp.ones
+        self.scale = nnx.Param(init((dim,), dtype), logical_axes=(axis_name,))
+
+    def __call__(self, x: Array) -> Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        w = self.scale[...]
+        if self.plus_one:
+            return (normed * (1.0 + w.astype(jnp.float32))).astype(x.dtype)
+        return w * normed.astype(x.dtype)
+
+
+class KVCache(NamedTuple):
+    """Per-layer keys/values [batch, slots, kv_heads, head_dim], which slots hold real tokens, next slot."""
+
+    k: tuple[Array, ...]
+    v: tuple[Array, ...]
+    valid: Array  # [batch, slots] bool
+    index: Array  # [] int32: the slot the next token is written to
+
+
+def init_cache(config: ModelConfig, batch: int, slots: int, dtype=jnp.float32) -> KVCache:
+    """An empty cache with room for `slots` tokens per row."""
+    shape = (batch, slots, config.num_kv_heads, config.head_dim)
+    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+    return KVCache(
+        k=zeros,
+        v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+        valid=jnp.zeros((batch, slots), bool),
+        index=jnp.zeros((), jnp.int32),
+    )
+
+
+def rope_tables(rope: RopeConfig, head_dim: int, positions: Array) -> tuple[Array, Array]:
+    """cos/sin [batch, length, head_dim] for integer positions [batch, length], float32."""
+    inv_freq = jnp.asarray(rope.inv_freq(head_dim))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
+    """Rotates x [batch, length, heads, head_dim] by the split-half convention of HF checkpoints."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+    return x * cos + rotated * sin
+
+
+def _softcap(x: Array, cap: float | None) -> Array:
+    return x if cap is None else jnp.tanh(x / cap) * cap
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention with optional q/k norm, sliding window and logit soft-capping."""
+
+    def __init__(self, config: ModelConfig, layer: int, dtype, rngs: nnx.Rngs):
+        c = config
+        self.config, self.layer = c, layer
+        s = c.hidden_size**-0.5
+        self.q = _param(rngs, (c.hidden_size, c.num_heads, c.head_dim), (EMBED, HEADS, HEAD_DIM), dtype, s)
+        self.k = _param(rngs, (c.hidden_size, c.num_kv_heads, c.head_dim), (EMBED, KV_HEADS, HEAD_DIM), dtype, s)
+        self.v = _param(rngs, (c.hidden_size, c.num_kv_heads, c.head_dim), (EMBED, KV_HEADS, HEAD_DIM), dtype, s)
+        so = (c.num_heads * c.head_dim) ** -0.5
+        self.o = _param(rngs, (c.num_heads, c.head_dim, c.hidden_size), (HEADS, HEAD_DIM, EMBED), dtype, so)
+        if c.attention_bias:
+            self.q_bias = nnx.Param(jnp.zeros((c.num_heads, c.head_dim), dtype), logical_axes=(HEADS, HEAD_DIM))
+            self.k_bias = nnx.Param(jnp.zeros((c.num_kv_heads, c.head_dim), dtype), logical_axes=(KV_HEADS, HEAD_DIM))
+            self.v_bias = nnx.Param(jnp.zeros((c.num_kv_heads, c.head_dim), dtype), logical_axes=(KV_HEADS, HEAD_DIM))
+            self.o_bias = nnx.Param(jnp.zeros((c.hidden_size,), dtype), logical_axes=(EMBED,))
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, c.norm_plus_one, dtype, HEAD_DIM)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, c.norm_plus_one, dtype, HEAD_DIM)
+
+    def __call__(
+        self, x: Array, positions: Array, mask: Array, cache_kv: tuple[Array, Array] | None, index: Array | None
+    ) -> tuple[Array, tuple[Array, Array] | None]:
+        """x [B, T, E]; mask [B, T, S] bool over key slots; returns output and the updated layer cache."""
+        c = self.config
+        q = jnp.einsum("bte,ehd->bthd", x, self.q[...])
+        k = jnp.einsum("bte,ehd->bthd", x, self.k[...])
+        v = jnp.einsum("bte,ehd->bthd", x, self.v[...])
+        if c.attention_bias:
+            q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope_tables(c.rope_for(self.layer), c.head_dim, positions)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache_kv is not None:
+            ck, cv = cache_kv
+            k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
+            v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
+            cache_kv = (k, v)
+        b, t, _, d = q.shape
+        groups = c.num_heads // c.num_kv_heads
+        q = q.reshape(b, t, c.num_kv_heads, groups, d)
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(q.dtype), preferred_element_type=jnp.float32)
+        scores = _softcap(scores * c.attn_scale, c.attn_logit_softcap)
+        scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(x.dtype)).reshape(b, t, c.num_heads, d)
+        out = jnp.einsum("bthd,hde->bte", out, self.o[...])
+        if c.attention_bias:
+            out = out + self.o_bias[...]
+        return out, cache_kv
+
+
+class MLP(nnx.Module):
+    """Gated feed-forward: down(act(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
+        c = config
+        self.act = jax.nn.silu if c.act == "silu" else (lambda x: jax.nn.gelu(x, approximate=True))
+        s_in, s_out = c.hidden_size**-0.5, c.intermediate_size**-0.5
+        self.gate = _param(rngs, (c.hidden_size, c.intermediate_size), (EMBED, MLP), dtype, s_in)
+        self.up = _param(rngs, (c.hidden_size, c.intermediate_size), (EMBED, MLP), dtype, s_in)
+        self.down = _param(rngs, (c.intermediate_size, c.hidden_size), (MLP, EMBED), dtype, s_out)
+
+    def __call__(self, x: Array) -> Array:
+        h = self.act(x @ self.gate[...]) * (x @ self.up[...])
+        return h @ self.down[...]
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer block; Gemma adds post-attention and post-MLP norms (four in all)."""
+
+    def __init__(self, config: ModelConfig, layer: int, dtype, rngs: nnx.Rngs):
+        c = config
+        self.sandwich = c.sandwich_norm
+        norm = lambda: RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_plus_one, dtype)  # noqa: E731
+        self.input_norm = norm()
+        self.attn = Attention(c, layer, dtype, rngs)
+        self.post_attn_norm = norm()  # Llama/Qwen: the pre-MLP norm; Gemma: the post-attention norm
+        if c.sandwich_norm:
+            self.pre_mlp_norm = norm()
+            self.post_mlp_norm = norm()
+        self.mlp = MLP(c, dtype, rngs)
+
+    def __call__(self, x, positions, mask, cache_kv, index):
+        h, cache_kv = self.attn(self.input_norm(x), positions, mask, cache_kv, index)
+        if self.sandwich:
+            x = x + self.post_attn_norm(h)
+            x = x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
+        else:
+            x = x + h
+            x = x + self.mlp(self.post_attn_norm(x))
+        return x, cache_kv
+
+
+class Output(NamedTuple):
+    """What the decoder returns: logits first, then the updated cache (or None) and the final hidden states."""
+
+    logits: Array | None  # [batch, length, vocab], float32
+    cache: KVCache | None
+    hidden: Array  # [batch, length, embed], after the final norm
+
+
+class Decoder(nnx.Module):
+    """The causal LM: embed -> blocks -> norm -> logits (tied or separate head)."""
+
+    def __init__(self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
+        c = config
+        self.config = c
+        self.dtype = dtype
+        self.embedding = _param(rngs, (c.vocab_size, c.hidden_size), (VOCAB, EMBED), dtype, 1.0)
+        self.layers = nnx.List([Block(c, i, dtype, rngs) for i in range(c.num_layers)])
+        self.final_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_plus_one, dtype)
+        if not c.tie_embeddings:
+            self.lm_head = _param(rngs, (c.hidden_size, c.vocab_size), (EMBED, VOCAB), dtype, c.hidden_size**-0.5)
+
+    def __call__(
+        self,
+        tokens: Array,
+        *,
+        positions: Array | None = None,
+        attention_mask: Array | None = None,
+        cache: KVCache | None = None,
+        compute_logits: bool = True,
+    ) -> Output:
+        """Runs token ids [batch, length].
+
+        attention_mask [batch, length] marks real tokens (1) and padding (0) of `tokens`; positions default to
+        the count of real tokens before each one, so left padding does not shift positions. With a cache the
+        tokens are written at slots [cache.index, cache.index + length) and attend to every valid earlier slot.
+        """
+        c = self.config
+        b, t = tokens.shape
+        if attention_mask is None:
+            attention_mask = jnp.ones((b, t), bool)
+        attention_mask = attention_mask.astype(bool)
+        if positions is None:
+            offset = 0 if cache is None else jnp.sum(cache.valid, axis=1, keepdims=True)
+            positions = offset + jnp.cumsum(attention_mask, axis=1) - 1
+            positions = jnp.maximum(positions, 0)
+        if cache is None:
+            valid, q_slot, k_slot = attention_mask, jnp.arange(t), jnp.arange(t)
+            index = None
+        else:
+            index = cache.index
+            valid = jax.lax.dynamic_update_slice(cache.valid, attention_mask, (0, index))
+            q_slot, k_slot = index + jnp.arange(t), jnp.arange(cache.valid.shape[1])
+        causal = k_slot[None, :] <= q_slot[:, None]  # [T, S]
+        base = valid[:, None, :] & causal[None]
+        masks = {"full_attention": base}
+        if c.sliding_window:
+            window = k_slot[None, :] > q_slot[:, None] - c.sliding_window
+            masks["sliding_attention"] = base & window[None]
+
+        x = jnp.take(self.embedding[...], tokens, axis=0)
+        if c.embed_scale:
+            x = x * jnp.asarray(np.sqrt(c.hidden_size), self.dtype).astype(x.dtype)
+        new_k, new_v = [], []
+        for i, block in enumerate(self.layers):
+            layer_cache = None if cache is None else (cache.k[i], cache.v[i])
+            x, layer_cache = block(x, positions, masks[c.layer_types[i]], layer_cache, index)
+            if layer_cache is not None:
+                new_k.append(layer_cache[0])
+                new_v.append(layer_cache[1])
+        hidden = self.final_norm(x)
+        new_cache = None
+        if cache is not None:
+            new_cache = KVCache(tuple(new_k), tuple(new_v), valid, cache.index + t)
+        logits = self.logits(hidden) if compute_logits else None
+        return Output(logits, new_cache, hidden)
+
+    def logits(self, hidden: Array) -> Array:
+        """Projects final hidden states [..., embed] to float32 logits [..., vocab]."""
+        c = self.config
+        if c.tie_embeddings:
+            out = jnp.einsum("...e,ve->...v", hidden, self.embedding[...], preferred_element_type=jnp.float32)
+        else:
+            out = jnp.einsum("...e,ev->...v", hidden, self.lm_head[...], preferred_element_type=jnp.float32)
+        return _softcap(out, c.final_logit_softcap)

@@ -1,0 +1,125 @@
+"""Where each of our parameters lives in a Hugging Face checkpoint, and how its layout differs.
+
+One table serves loading (HF -> ours) and export (ours -> HF), so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from icml_jax.models.config import ModelConfig
+
+Path = tuple  # an nnx state path such as ("layers", 0, "attn", "q")
+
+# Layout kinds: how a HF tensor maps onto ours.
+VECTOR = "vector"  # same array (norm scales, embeddings)
+LINEAR = "linear"  # torch [out, in] -> ours [in, out]
+IN_HEADS = "in_heads"  # torch [heads*head_dim, embed] -> ours [embed, heads, head_dim]
+OUT_HEADS = "out_heads"  # torch [embed, heads*head_dim] -> ours [heads, head_dim, embed]
+BIAS_HEADS = "bias_heads"  # torch [heads*head_dim] -> ours [heads, head_dim]
+
+# Prefixes under which the decoder's tensors are stored, tried in order; the last two are the text tower of
+# Gemma3ForConditionalGeneration as saved by transformers 5 and as published on the Hub.
+BODY_PREFIXES = ("model.", "", "model.language_model.", "language_model.model.")
+HEAD_NAMES = {"model.": "lm_head.weight", "": "lm_head.weight", "model.language_model.": "lm_head.weight",
+              "language_model.model.": "language_model.lm_head.weight"}
+# Tensors a text-only decoder legitimately leaves unread: Gemma3's vision tower and projector, old rotary buffers.
+IGNORED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+_BLOCK_NORMS = {
+    "input_norm": "input_layernorm",
+    "post_attn_norm": "post_attention_layernorm",
+    "pre_mlp_norm": "pre_feedforward_layernorm",
+    "post_mlp_norm": "post_feedforward_layernorm",
+}
+
+
+def layout(config: ModelConfig) -> dict[Path, tuple[str, str]]:
+    """Maps each parameter path to (HF name without the body prefix, layout kind); the head uses '<lm_head>'."""
+    c = config
+    table: dict[Path, tuple[str, str]] = {
+        ("embedding",): ("embed_tokens.weight", VECTOR),
+        ("final_norm", "scale"): ("norm.weight", VECTOR),
+    }
+    if not c.tie_embeddings:
+        table[("lm_head",)] = ("<lm_head>", LINEAR)
+    for i in range(c.num_layers):
+        p = f"layers.{i}."
+        norms = ["input_norm", "post_attn_norm"] + (["pre_mlp_norm", "post_mlp_norm"] if c.sandwich_norm else [])
+        for ours in norms:
+            table[("layers", i, ours, "scale")] = (p + _BLOCK_NORMS[ours] + ".weight", VECTOR)
+        for proj in "qkv":
+            table[("layers", i, "attn", proj)] = (p + f"self_attn.{proj}_proj.weight", IN_HEADS)
+        table[("layers", i, "attn", "o")] = (p + "self_attn.o_proj.weight", OUT_HEADS)
+        if c.attention_bias:
+            for proj in "qkv":
+                table[("layers", i, "attn", f"{proj}_bias")] = (p + f"self_attn.{proj}_proj.bias", BIAS_HEADS)
+            table[("layers", i, "attn", "o_bias")] = (p + "self_attn.o_proj.bias", VECTOR)
+        if c.qk_norm:
+            table[("layers", i, "attn", "q_norm", "scale")] = (p + "self_attn.q_norm.weight", VECTOR)
+            table[("layers", i, "attn", "k_norm", "scale")] = (p + "self_attn.k_norm.weight", VECTOR)
+        for proj in ("gate", "up", "down"):
+            table[("layers", i, "mlp", proj)] = (p + f"mlp.{proj}_proj.weight", LINEAR)
+    return table
+
+
+def find_prefix(names: Iterable[str]) -> str:
+    """The body prefix of a checkpoint, found from where its token embedding is stored."""
+    names = set(names)
+    for prefix in BODY_PREFIXES:
+        if prefix + "embed_tokens.weight" in names:
+            return prefix
+    raise KeyError("no token embedding found (looked for " + ", ".join(p + "embed_tokens.weight" for p in BODY_PREFIXES) + ")")
+
+
+def full_name(hf_suffix: str, prefix: str) -> str:
+    """The complete HF tensor name."""
+    return HEAD_NAMES[prefix] if hf_suffix == "<lm_head>" else prefix + hf_suffix
+
+
+def is_ignored(name: str) -> bool:
+    """Whether a checkpoint tensor is expected to be unused by the text decoder."""
+    return name.startswith(IGNORED_PREFIXES) or name.endswith(IGNORED_SUFFIXES)
+
+
+def hf_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape a HF tensor must have to become our parameter of `shape`."""
+    if kind == VECTOR:
+        return tuple(shape)
+    if kind == LINEAR:
+        return tuple(shape[::-1])
+    if kind == IN_HEADS:
+        return (shape[1] * shape[2], shape[0])
+    if kind == OUT_HEADS:
+        return (shape[2], shape[0] * shape[1])
+    if kind == BIAS_HEADS:
+        return (shape[0] * shape[1],)
+    raise ValueError(f"unknown layout kind {kind!r}")
+
+
+def hf_to_ours(kind: str, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Rearranges a HF tensor into our layout with target `shape`; raises ValueError if it does not fit."""
+    expected = hf_shape(kind, shape)
+    if tuple(array.shape) != expected:
+        raise ValueError(f"has shape {tuple(array.shape)}, expected {expected}")
+    if kind in (LINEAR, IN_HEADS, OUT_HEADS):
+        array = array.T
+    return array.reshape(shape)
+
+
+def ours_to_hf(kind: str, array: np.ndarray) -> np.ndarray:
+    """Our layout back to the HF tensor (inverse of hf_to_ours)."""
+    if kind == VECTOR:
+        return array
+    if kind == LINEAR:
+        return array.T
+    if kind == IN_HEADS:
+        return array.reshape(array.shape[0], -1).T
+    if kind == OUT_HEADS:
+        return array.reshape(-1, array.shape[-1]).T
+    if kind == BIAS_HEADS:
+        return array.reshape(-1)
+    raise ValueError(f"unknown layout kind {kind!r}")
