@@ -3,14 +3,25 @@
 from icml_jax.models.config import ModelConfig, RopeConfig
 from icml_jax.models.decoder import Decoder, KVCache, Output, init_cache
 from icml_jax.models.loading import abstract_model, from_pretrained
+from icml_jax.models.presets import PRESETS, preset
+from icml_jax.models.sampler import GenerationResult, SamplingConfig, generate, generate_tokens
+from icml_jax.models.tokenizer import apply_chat_template, load_tokenizer
 
 __all__ = [
+    "PRESETS",
     "Decoder",
+    "GenerationResult",
     "KVCache",
     "ModelConfig",
     "Output",
     "RopeConfig",
+    "SamplingConfig",
     "abstract_model",
+    "apply_chat_template",
     "from_pretrained",
+    "generate",
+    "generate_tokens",
     "init_cache",
+    "load_tokenizer",
+    "preset",
 ]

@@ -145,14 +145,16 @@ class MLP(nnx.Module):
 
     def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
         c = config
-        self.act = jax.nn.silu if c.act == "silu" else (lambda x: jax.nn.gelu(x, approximate=True))
+        self.act = c.act
         s_in, s_out = c.hidden_size**-0.5, c.intermediate_size**-0.5
         self.gate = _param(rngs, (c.hidden_size, c.intermediate_size), (EMBED, MLP), dtype, s_in)
         self.up = _param(rngs, (c.hidden_size, c.intermediate_size), (EMBED, MLP), dtype, s_in)
         self.down = _param(rngs, (c.intermediate_size, c.hidden_size), (MLP, EMBED), dtype, s_out)
 
     def __call__(self, x: Array) -> Array:
-        h = self.act(x @ self.gate[...]) * (x @ self.up[...])
+        gate = x @ self.gate[...]
+        gate = jax.nn.silu(gate) if self.act == "silu" else jax.nn.gelu(gate, approximate=True)
+        h = gate * (x @ self.up[...])
         return h @ self.down[...]
 
 
