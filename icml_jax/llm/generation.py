@@ -1,0 +1,100 @@
+"""Generation through a back end: condensing a saved turn into a memory note, and writing the reply r*."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from icml_jax.llm import prompts
+from icml_jax.llm.types import LLMBackend, LLMResponse
+
+logger = logging.getLogger(__name__)
+
+_MAX_NOTE_CHARS = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class CondenseInput:
+    """A user turn the Planner decided to save, with a little context for the condenser."""
+
+    turn_text: str
+    history: prompts.Dialogue = ()
+    metadata: Mapping[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Condensed:
+    """The memory note for a saved turn; `fallback` is True when the back end gave nothing usable."""
+
+    text: str
+    fallback: bool
+    response: LLMResponse
+
+
+def condense_turns(backend: LLMBackend, items: Sequence[CondenseInput]) -> list[Condensed]:
+    """Turn saved user turns into short third-person notes (the offline back end keeps the turn text).
+
+    An empty answer (e.g. a blocked candidate) falls back to the turn text itself, with `fallback=True` and a
+    warning, so a save decision never produces an empty memory.
+    """
+    requests = [prompts.condense_request(x.turn_text, x.history, metadata=x.metadata) for x in items]
+    out: list[Condensed] = []
+    for item, resp in zip(items, backend.generate(requests), strict=True):
+        note = " ".join(resp.text.split())
+        if not note:
+            logger.warning(
+                "%s back end returned an empty note (finish_reason=%s); keeping the turn text as the memory",
+                getattr(backend, "name", "?"), resp.finish_reason,
+            )
+            out.append(Condensed(text=item.turn_text.strip(), fallback=True, response=resp))
+        else:
+            out.append(Condensed(text=note[:_MAX_NOTE_CHARS], fallback=False, response=resp))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplyInput:
+    """What the generator sees at turn k: recent dialogue H_k, utterance u_k, the chosen memory (or None)."""
+
+    history: prompts.Dialogue
+    utterance: str
+    memory: str | None
+    metadata: Mapping[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """The generated reply r* and the back end's response (tokens, latency, finish reason)."""
+
+    text: str
+    response: LLMResponse
+
+
+def generate_replies(
+    backend: LLMBackend, items: Sequence[ReplyInput], *, temperature: float = 0.7, max_output_tokens: int = 256
+) -> list[Reply]:
+    """Write r* for each item in one batched call."""
+    requests = [
+        prompts.reply_request(
+            x.history, x.utterance, x.memory,
+            temperature=temperature, max_output_tokens=max_output_tokens, metadata=x.metadata,
+        )
+        for x in items
+    ]
+    replies = [Reply(text=r.text.strip(), response=r) for r in backend.generate(requests)]
+    for r in replies:
+        if not r.text:
+            logger.warning(
+                "%s back end returned an empty reply (finish_reason=%s)",
+                getattr(backend, "name", "?"), r.response.finish_reason,
+            )
+    return replies
+
+
+def generate_reply(
+    backend: LLMBackend, history: prompts.Dialogue, utterance: str, memory: str | None, **kwargs: Any
+) -> str:
+    """Write r* for one turn (a convenience over generate_replies)."""
+    return generate_replies(backend, [ReplyInput(history, utterance, memory)], **kwargs)[0].text

@@ -1,0 +1,244 @@
+"""LLM judges: the proxy judge (information value of a turn) and the quality judge (five 1-5 dimensions).
+
+An answer that does not parse or validate is asked again once; if it still fails, the item is returned as a
+judge failure (score None, `failure` says why) and counted in the judge's stats. It never becomes a score and
+never raises. Back-end errors (retries exhausted, bad key) are not judge failures: they propagate as
+BackendError, so a broken back end stops the run loudly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from icml_jax.llm import prompts
+from icml_jax.llm.types import LLMBackend, LLMRequest, LLMResponse
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeResult:
+    """One verdict: `score` in [0, 1] (None on failure), per-dimension raw and normalised scores, provenance."""
+
+    score: float | None
+    dimensions: Mapping[str, int] = dataclasses.field(default_factory=dict)  # raw 1-5 (quality judge only)
+    normalized: Mapping[str, float] = dataclasses.field(default_factory=dict)  # (raw - 1) / 4
+    reason: str = ""
+    attempts: int = 1
+    failure: str | None = None
+    raw_text: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when the judge produced a valid score."""
+        return self.failure is None and self.score is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeStats:
+    """Counters of one judge: items judged, re-asks after an unparseable answer, final failures."""
+
+    items: int = 0
+    reasks: int = 0
+    failures: int = 0
+
+    def as_metrics(self, prefix: str) -> dict[str, float]:
+        """Flat metric dict, e.g. {'judge/quality/failures': 0.0, ...}."""
+        rate = self.failures / self.items if self.items else 0.0
+        return {
+            f"{prefix}/items": float(self.items),
+            f"{prefix}/reasks": float(self.reasks),
+            f"{prefix}/failures": float(self.failures),
+            f"{prefix}/failure_rate": rate,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class ProxyInput:
+    """A user turn to rate for information value; `label` is the data's y_p when known (offline back end)."""
+
+    turn_text: str
+    history: prompts.Dialogue = ()
+    label: float | None = None
+    metadata: Mapping[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class QualityInput:
+    """A reply to rate; `label_needed` / `used_ref` are the y_t refs and the chosen memory's ref, when known."""
+
+    history: prompts.Dialogue
+    utterance: str
+    reply: str
+    memory: str | None
+    label_needed: Sequence[Any] | None = None
+    used_ref: Any = None
+    metadata: Mapping[str, Any] | None = None
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
+
+
+class _Judge:
+    """Shared machinery: batch through the back end, validate, re-ask failures once, count."""
+
+    kind = "judge"
+
+    def __init__(self, backend: LLMBackend, *, max_attempts: int = 2) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"{type(self).__name__}: max_attempts must be >= 1, got {max_attempts}")
+        self.backend = backend
+        self.max_attempts = max_attempts
+        self._lock = threading.Lock()
+        self._stats = JudgeStats()
+
+    @property
+    def stats(self) -> JudgeStats:
+        """Counters since construction (or the last reset_stats)."""
+        with self._lock:
+            return self._stats
+
+    def reset_stats(self) -> JudgeStats:
+        """Return the counters and start again from zero (e.g. once per logging step)."""
+        with self._lock:
+            stats, self._stats = self._stats, JudgeStats()
+            return stats
+
+    def metrics(self) -> dict[str, float]:
+        """The stats as flat metrics under 'judge/<kind>'."""
+        return self.stats.as_metrics(f"judge/{self.kind}")
+
+    def _validate(self, response: LLMResponse) -> tuple[JudgeResult | None, str]:
+        raise NotImplementedError
+
+    def judge_requests(self, requests: Sequence[LLMRequest]) -> list[JudgeResult]:
+        """Judge prepared requests (built by the prompts module); see the module docstring for failures."""
+        results: list[JudgeResult | None] = [None] * len(requests)
+        errors: list[str] = [""] * len(requests)
+        texts: list[str] = [""] * len(requests)
+        pending = list(range(len(requests)))
+        reasks = 0
+        for attempt in range(1, self.max_attempts + 1):
+            if not pending:
+                break
+            batch = [requests[i] if attempt == 1 else _reask(requests[i], errors[i]) for i in pending]
+            if attempt > 1:
+                reasks += len(batch)
+            responses = self.backend.generate(batch)
+            still: list[int] = []
+            for i, resp in zip(pending, responses, strict=True):
+                texts[i] = resp.text
+                result, err = self._validate(resp)
+                if result is None:
+                    errors[i] = err
+                    still.append(i)
+                else:
+                    results[i] = dataclasses.replace(result, attempts=attempt, raw_text=resp.text)
+            pending = still
+        for i in pending:
+            logger.warning(
+                "%s judge: no valid answer after %d attempt(s) (%s); recorded as a judge failure",
+                self.kind, self.max_attempts, errors[i],
+            )
+            results[i] = JudgeResult(
+                score=None, attempts=self.max_attempts, failure=errors[i], raw_text=texts[i][:2000]
+            )
+        with self._lock:
+            s = self._stats
+            self._stats = JudgeStats(s.items + len(requests), s.reasks + reasks, s.failures + len(pending))
+        return [r for r in results if r is not None]
+
+
+def _reask(request: LLMRequest, error: str) -> LLMRequest:
+    """The same request, told why the previous answer was rejected."""
+    note = (
+        f"\n\nYour previous answer was rejected ({error}). "
+        "Answer again with only the JSON object described above."
+    )
+    return dataclasses.replace(request, prompt=request.prompt + note)
+
+
+class ProxyJudge(_Judge):
+    """Information value of a user turn in [0, 1]: the proxy reward r_proxy of a save decision."""
+
+    kind = "proxy"
+
+    def judge(self, items: Sequence[ProxyInput]) -> list[JudgeResult]:
+        """Rate each turn; failures come back with score None (see module docstring)."""
+        return self.judge_requests(
+            [prompts.proxy_judge_request(x.turn_text, x.history, label=x.label, metadata=x.metadata) for x in items]
+        )
+
+    def _validate(self, response: LLMResponse) -> tuple[JudgeResult | None, str]:
+        if response.parse_error is not None:
+            return None, response.parse_error
+        obj = response.parsed
+        if not isinstance(obj, dict):
+            return None, f"expected a JSON object, got {type(obj).__name__}"
+        score = obj.get("score")
+        if not _is_number(score):
+            return None, f"'score' missing or not a number: {score!r}"
+        if not 0.0 <= float(score) <= 1.0:
+            return None, f"'score' out of [0, 1]: {score!r}"
+        return JudgeResult(score=float(score), reason=str(obj.get("reason", ""))), ""
+
+
+class QualityJudge(_Judge):
+    """Reply quality on five 1-5 dimensions, normalised to [0, 1]; the mean is the quality reward r_qual."""
+
+    kind = "quality"
+
+    def __init__(
+        self,
+        backend: LLMBackend,
+        *,
+        max_attempts: int = 2,
+        dimensions: Sequence[str] = prompts.QUALITY_DIMENSIONS,
+        weights: Mapping[str, float] | None = None,
+    ) -> None:
+        super().__init__(backend, max_attempts=max_attempts)
+        self.dimensions = tuple(dimensions)
+        unknown = set(self.dimensions) - set(prompts.QUALITY_DIMENSIONS)
+        if unknown:
+            raise ValueError(f"QualityJudge: unknown dimensions {sorted(unknown)}")
+        w = dict(weights) if weights else {d: 1.0 for d in self.dimensions}
+        if set(w) != set(self.dimensions) or sum(w.values()) <= 0:
+            raise ValueError(f"QualityJudge: weights must cover exactly {self.dimensions} and sum to > 0")
+        total = sum(w.values())
+        self.weights = {d: w[d] / total for d in self.dimensions}
+
+    def judge(self, items: Sequence[QualityInput]) -> list[JudgeResult]:
+        """Rate each reply; failures come back with score None (see module docstring)."""
+        return self.judge_requests(
+            [
+                prompts.quality_judge_request(
+                    x.history, x.utterance, x.reply, x.memory,
+                    label_needed=x.label_needed, used_ref=x.used_ref, metadata=x.metadata,
+                )
+                for x in items
+            ]
+        )
+
+    def _validate(self, response: LLMResponse) -> tuple[JudgeResult | None, str]:
+        if response.parse_error is not None:
+            return None, response.parse_error
+        obj = response.parsed
+        if not isinstance(obj, dict):
+            return None, f"expected a JSON object, got {type(obj).__name__}"
+        raw: dict[str, int] = {}
+        for d in self.dimensions:
+            v = obj.get(d)
+            if not _is_number(v) or float(v) != int(v):
+                return None, f"{d!r} missing or not an integer: {v!r}"
+            if not 1 <= int(v) <= 5:
+                return None, f"{d!r} out of 1-5: {v!r}"
+            raw[d] = int(v)
+        normalized = {d: (raw[d] - 1) / 4.0 for d in self.dimensions}
+        score = sum(self.weights[d] * normalized[d] for d in self.dimensions)
+        return JudgeResult(score=score, dimensions=raw, normalized=normalized, reason=str(obj.get("reason", ""))), ""

@@ -1,0 +1,20 @@
+"""Per-user long-term memory: fragments with provenance in SQLite, lexical prefilter, saving via condensation."""
+
+from icml_jax.memory.fragment import Fragment, NewFragment, fragment_id_for
+from icml_jax.memory.lexical import bm25_scores, tokenize
+from icml_jax.memory.store import EXPORT_FORMAT, SCHEMA_VERSION, MemoryStore, MemoryStoreError
+from icml_jax.memory.writer import TurnToSave, save_turns
+
+__all__ = [
+    "EXPORT_FORMAT",
+    "Fragment",
+    "MemoryStore",
+    "MemoryStoreError",
+    "NewFragment",
+    "SCHEMA_VERSION",
+    "TurnToSave",
+    "bm25_scores",
+    "fragment_id_for",
+    "save_turns",
+    "tokenize",
+]

@@ -1,0 +1,97 @@
+"""A memory fragment with its provenance, and the draft a caller hands to the store to create one."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+FRAGMENT_FIELDS: tuple[str, ...] = (
+    "fragment_id",
+    "user_id",
+    "episode_id",
+    "session",
+    "turn",
+    "source_text",
+    "text",
+    "created_at",
+    "policy_version",
+    "decision_id",
+    "extra",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class NewFragment:
+    """What a save decision produces: the source turn, its condensed note, and who decided to save it."""
+
+    episode_id: str
+    session: int
+    turn: int
+    source_text: str
+    text: str
+    policy_version: str
+    decision_id: str | None = None  # opaque id of the save decision (links the Pending Reward Buffer)
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # JSON-able, e.g. r_proxy, speaker
+
+
+@dataclasses.dataclass(frozen=True)
+class Fragment:
+    """A stored memory m_i of one user; `fragment_id` is stable across reopen, export and import."""
+
+    fragment_id: str
+    user_id: str
+    episode_id: str
+    session: int
+    turn: int
+    source_text: str
+    text: str
+    created_at: float
+    policy_version: str
+    decision_id: str | None = None
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def ref(self) -> tuple[str, int, int]:
+        """(episode_id, session, turn) of the source turn: what y_t labels point at."""
+        return (self.episode_id, self.session, self.turn)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict of every field (the export record)."""
+        d = {name: getattr(self, name) for name in FRAGMENT_FIELDS}
+        d["extra"] = dict(self.extra)
+        return d
+
+
+def fragment_id_for(user_id: str, episode_id: str, session: int, turn: int) -> str:
+    """Deterministic id of the memory saved from one source turn of one user (same turn -> same id)."""
+    key = json.dumps([user_id, episode_id, int(session), int(turn)], ensure_ascii=False, separators=(",", ":"))
+    return "m_" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:24]
+
+
+def validate_new(user_id: str, draft: NewFragment) -> None:
+    """Raise ValueError naming the field when a draft cannot be stored."""
+    if not isinstance(user_id, str) or not user_id:
+        raise ValueError(f"memory fragment: user_id must be a non-empty string, got {user_id!r}")
+    for name in ("episode_id", "source_text", "text", "policy_version"):
+        value = getattr(draft, name)
+        if not isinstance(value, str):
+            raise ValueError(f"memory fragment: {name} must be a string, got {type(value).__name__}")
+    if not draft.episode_id:
+        raise ValueError("memory fragment: episode_id must be non-empty")
+    if not draft.text.strip():
+        raise ValueError(
+            f"memory fragment: empty text for {draft.episode_id}/session {draft.session}/turn {draft.turn}"
+        )
+    for name in ("session", "turn"):
+        value = getattr(draft, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"memory fragment: {name} must be an int, got {value!r}")
+    if draft.decision_id is not None and not isinstance(draft.decision_id, str):
+        raise ValueError(f"memory fragment: decision_id must be a string or None, got {draft.decision_id!r}")
+    try:
+        json.dumps(dict(draft.extra), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"memory fragment: extra is not JSON-serialisable ({e})") from e

@@ -1,0 +1,177 @@
+"""A loopback HTTP server that speaks Gemini's `models/{model}:generateContent` REST shape, with faults."""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+TEST_KEY = "AIzaTEST-sekrit-0123456789abcdef"
+_PATH = re.compile(r"^/(v1|v1beta|v1alpha)/models/([^/:]+):generateContent$")
+
+
+def ok(text: str, prompt_tokens: int = 11, output_tokens: int = 5) -> dict[str, Any]:
+    """A successful answer."""
+    return {"kind": "ok", "text": text, "prompt_tokens": prompt_tokens, "output_tokens": output_tokens}
+
+
+def status(code: int, message: str = "fault", extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An HTTP error with Google's error body."""
+    return {"kind": "status", "code": code, "message": message, "extra": extra or {}}
+
+
+def slow(seconds: float, then: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Wait before answering (past the client's timeout)."""
+    return {"kind": "slow", "seconds": seconds, "then": then or ok("late")}
+
+
+def bad_body() -> dict[str, Any]:
+    """HTTP 200 with a body that is not JSON."""
+    return {"kind": "bad_body"}
+
+
+class FakeGemini:
+    """Scripted server state: a queue of actions (then a default / responder), and what it saw."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.script: collections.deque[dict[str, Any]] = collections.deque()
+        self.responder: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        self.default: dict[str, Any] = ok("default answer")
+        self.requests: list[dict[str, Any]] = []
+        self.inflight = 0
+        self.max_inflight = 0
+        self.delay_s = 0.0
+        self.port = 0
+
+    # Action builders, reachable from tests through the fixture (no imports from conftest needed).
+    ok = staticmethod(ok)
+    status = staticmethod(status)
+    slow = staticmethod(slow)
+    bad_body = staticmethod(bad_body)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def hits(self) -> int:
+        with self.lock:
+            return len(self.requests)
+
+    def push(self, *actions: dict[str, Any]) -> None:
+        with self.lock:
+            self.script.extend(actions)
+
+    def next_action(self, body: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            if self.script:
+                return self.script.popleft()
+        if self.responder is not None:
+            return self.responder(body)
+        return self.default
+
+
+def _handler(state: FakeGemini) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:  # keep pytest output clean
+            pass
+
+        def _send(self, code: int, payload: bytes) -> None:
+            try:
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json; charset=UTF-8")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (timeout)
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", "0"))
+            raw = self.rfile.read(length)
+            m = _PATH.match(self.path)
+            if m is None:
+                self._send(404, json.dumps({"error": {"code": 404, "message": "no route", "status": "NOT_FOUND"}}).encode())
+                return
+            body = json.loads(raw or b"{}")
+            with state.lock:
+                state.requests.append(
+                    {"path": self.path, "model": m.group(2), "body": body, "api_key": self.headers.get("x-goog-api-key")}
+                )
+                state.inflight += 1
+                state.max_inflight = max(state.max_inflight, state.inflight)
+            try:
+                action = state.next_action(body)
+                if state.delay_s:
+                    time.sleep(state.delay_s)
+                while action["kind"] == "slow":
+                    time.sleep(action["seconds"])
+                    action = action["then"]
+                if action["kind"] == "ok":
+                    payload = {
+                        "candidates": [
+                            {
+                                "content": {"role": "model", "parts": [{"text": action["text"]}]},
+                                "finishReason": "STOP",
+                                "index": 0,
+                            }
+                        ],
+                        "usageMetadata": {
+                            "promptTokenCount": action["prompt_tokens"],
+                            "candidatesTokenCount": action["output_tokens"],
+                            "totalTokenCount": action["prompt_tokens"] + action["output_tokens"],
+                        },
+                        "modelVersion": m.group(2),
+                    }
+                    self._send(200, json.dumps(payload).encode())
+                elif action["kind"] == "status":
+                    code = action["code"]
+                    names = {400: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}
+                    err = {"code": code, "message": action["message"], "status": names.get(code, "UNKNOWN")}
+                    err.update(action["extra"])
+                    self._send(code, json.dumps({"error": err}).encode())
+                elif action["kind"] == "bad_body":
+                    self._send(200, b'{"candidates": [ {"content": ')
+                else:  # pragma: no cover - test bug
+                    raise AssertionError(action)
+            finally:
+                with state.lock:
+                    state.inflight -= 1
+
+    return Handler
+
+
+@pytest.fixture
+def fake_gemini() -> Iterator[FakeGemini]:
+    """A running loopback Gemini server (127.0.0.1 only), stopped after the test."""
+    state = FakeGemini()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    server.daemon_threads = True
+    state.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture
+def gemini_env(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Only the test key in the environment."""
+    monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
+    monkeypatch.delenv("GOOGLE_GENAI_USE_VERTEXAI", raising=False)
+    monkeypatch.setenv("GEMINI_API_KEY", TEST_KEY)
+    return TEST_KEY

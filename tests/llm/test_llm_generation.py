@@ -1,0 +1,116 @@
+"""Prompts, condensation and reply generation through the offline back end; JSON extraction; retry schedule."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from icml_jax.llm import (
+    TASK_CONDENSE,
+    TASK_REPLY,
+    CondenseInput,
+    LLMBackend,
+    LLMRequest,
+    LLMResponse,
+    OfflineBackend,
+    RetryPolicy,
+    TokenUsage,
+    condense_turns,
+    format_dialogue,
+    generate_replies,
+    generate_reply,
+    make_backend,
+    parse_json_text,
+)
+from icml_jax.llm import prompts
+
+
+def test_condense_offline_keeps_turn_text():
+    be = OfflineBackend()
+    (c,) = condense_turns(be, [CondenseInput("I just adopted a cat named Luna.", [("User", "hi")])])
+    assert c.text == "I just adopted a cat named Luna." and not c.fallback
+    assert c.response.prompt_tokens > 0
+
+
+class _Empty:
+    name = "empty"
+    usage = TokenUsage()
+
+    def generate(self, requests):
+        return [LLMResponse(text="  ", finish_reason="SAFETY") for _ in requests]
+
+    def close(self):
+        pass
+
+
+def test_condense_empty_answer_falls_back_to_turn_text(caplog):
+    (c,) = condense_turns(_Empty(), [CondenseInput("I moved to Oslo.")])
+    assert c.text == "I moved to Oslo." and c.fallback
+    assert "empty note" in caplog.text
+
+
+def test_reply_uses_memory_and_prompt_contains_inputs():
+    be = OfflineBackend()
+    history, utterance, memory = [("User", "hey"), ("Assistant", "hi!")], "Guess what, I ran today", "The user trains for a marathon."
+    with_mem = generate_reply(be, history, utterance, memory)
+    without = generate_reply(be, [], utterance, None)
+    assert "marathon" in with_mem and "marathon" not in without
+    assert with_mem == generate_reply(be, history, utterance, memory)  # deterministic
+    req = prompts.reply_request([("User", "hey")], "I ran", "The user trains.")
+    assert req.task == TASK_REPLY and "The user trains." in req.prompt and "User: hey" in req.prompt
+    assert "(none)" in prompts.reply_request([], "I ran", None).prompt
+    out = generate_replies(be, [])
+    assert out == []
+
+
+def test_prompt_builders_carry_metadata_and_schemas():
+    c = prompts.condense_request("I am vegan.", metadata={"speaker": "Ann"})
+    assert c.task == TASK_CONDENSE and c.metadata == {"turn_text": "I am vegan.", "speaker": "Ann"}
+    p = prompts.proxy_judge_request("I am vegan.", label=1)
+    assert p.json_schema == prompts.PROXY_JUDGE_SCHEMA and p.metadata["label"] == 1.0
+    q = prompts.quality_judge_request([], "u", "r", None, label_needed=[("e", 0, 1)], used_ref=None)
+    assert set(prompts.QUALITY_DIMENSIONS) <= set(q.json_schema["required"])
+    assert q.metadata["label_needed"] == [("e", 0, 1)] and "used_ref" in q.metadata
+    assert format_dialogue([("A", "1"), ("B", "2"), ("A", "3")], max_turns=2) == "B: 2\nA: 3"
+    assert format_dialogue([]) == "(no earlier dialogue)"
+
+
+def test_offline_generic_json_follows_schema_and_counts_tokens():
+    be = make_backend({"kind": "offline"})
+    assert isinstance(be, LLMBackend) and be.name == "offline"
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 5}, "s": {"type": "string"}}}
+    (r, t) = be.generate([LLMRequest(prompt="a b c", json_schema=schema), LLMRequest(prompt="free text")])
+    assert r.parsed == {"n": 3, "s": ""}
+    assert t.text.startswith("offline answer") and t.parsed is None
+    assert be.usage.calls == 2 and be.usage.prompt_tokens == 5
+    with pytest.raises(ValueError, match="no options"):
+        make_backend({"kind": "offline", "model": "x"})
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ('{"a": 1}', {"a": 1}),
+        ('```json\n{"a": 2}\n```', {"a": 2}),
+        ('Here you go: {"a": 3} hope it helps', {"a": 3}),
+        ("[1, 2]", [1, 2]),
+    ],
+)
+def test_parse_json_text_lenient(text, value):
+    assert parse_json_text(text) == (value, None)
+
+
+@pytest.mark.parametrize("text", ["", None, "no json here", '{"a": '])
+def test_parse_json_text_errors(text):
+    value, err = parse_json_text(text)
+    assert value is None and err
+
+
+def test_retry_policy_schedule():
+    p = RetryPolicy(max_attempts=6, initial_backoff_s=1.0, max_backoff_s=5.0, multiplier=2.0, jitter=0.0)
+    rng = random.Random(0)
+    assert [p.delay(i, rng) for i in range(1, 6)] == [1.0, 2.0, 4.0, 5.0, 5.0]
+    assert p.delay(1, rng, hint_s=3.0) == 3.0 and p.delay(1, rng, hint_s=99.0) == 5.0
+    with pytest.raises(ValueError):
+        RetryPolicy(max_attempts=0)
