@@ -1,4 +1,4 @@
-"""LLM back ends behind one protocol (Gemini, offline; local registers itself), prompts, generation, judges."""
+"""LLM back ends behind one protocol (Gemini, local Flax model, offline), prompts, generation, judges."""
 
 from icml_jax.llm.gemini import GeminiBackend, GeminiConfig, read_api_key
 from icml_jax.llm.generation import (
@@ -10,6 +10,7 @@ from icml_jax.llm.generation import (
     generate_replies,
     generate_reply,
 )
+from icml_jax.llm.local import LocalBackend
 from icml_jax.llm.judges import JudgeResult, JudgeStats, ProxyInput, ProxyJudge, QualityInput, QualityJudge
 from icml_jax.llm.jsonparse import parse_json_text
 from icml_jax.llm.offline import OfflineBackend, heuristic_information_value
@@ -33,6 +34,7 @@ from icml_jax.llm.types import (
 
 __all__ = [
     "BackendError",
+    "LocalBackend",
     "CondenseInput",
     "Condensed",
     "Dialogue",

@@ -54,8 +54,7 @@ def make_backend(cfg: Any, **kwargs: Any) -> LLMBackend:
     values = config_to_dict(cfg)
     kind = values.get("kind")
     if kind not in _FACTORIES:
-        hint = " (the local Flax back end registers itself from icml_jax.models)" if kind == "local" else ""
-        raise ValueError(f"unknown LLM back end kind {kind!r}; available: {available_backends()}{hint}")
+        raise ValueError(f"unknown LLM back end kind {kind!r}; available: {available_backends()}")
     return _FACTORIES[kind](values, **kwargs) if kwargs else _FACTORIES[kind](values)
 
 

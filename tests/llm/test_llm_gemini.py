@@ -236,8 +236,8 @@ def test_make_backend_from_config(fake_gemini, gemini_env):
         be.close()
     with pytest.raises(ValueError, match="unknown config key"):
         make_backend({"kind": "gemini", "modle": MODEL})
-    with pytest.raises(ValueError, match="unknown LLM back end kind 'local'"):
-        make_backend({"kind": "local"})
+    with pytest.raises(ValueError, match="unknown LLM back end kind 'nonesuch'"):
+        make_backend({"kind": "nonesuch"})
 
 
 def test_structured_output_modes(fake_gemini, gemini_env):

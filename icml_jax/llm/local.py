@@ -1,0 +1,96 @@
+"""Local back end: this project's Flax model and KV-cache sampler as a self-hosted generator or judge."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from icml_jax.llm.jsonparse import parse_json_text
+from icml_jax.llm.registry import register_backend
+from icml_jax.llm.types import LLMRequest, LLMResponse, TokenUsage, UsageMeter
+
+
+class LocalBackend:
+    """Answers requests with `icml_jax.models.generate`; prompts go through the tokenizer's chat template.
+
+    Requests are batched by (max_output_tokens, temperature) so one call compiles one program per bucket.
+    JSON-schema requests get the schema appended to the prompt and their answer parsed leniently.
+    """
+
+    name = "local"
+
+    def __init__(self, model, tokenizer, *, seed: int = 0, top_p: float = 1.0, top_k: int = 0) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self._seed, self._top_p, self._top_k = seed, top_p, top_k
+        self._meter = UsageMeter()
+        self._calls = 0
+
+    def _render(self, request: LLMRequest) -> str:
+        prompt = request.prompt
+        if request.json_schema is not None:
+            import json
+
+            prompt += "\n\nAnswer with JSON only, following this JSON schema:\n" + json.dumps(request.json_schema)
+        if getattr(self.tokenizer, "chat_template", None):
+            from icml_jax.models.tokenizer import apply_chat_template
+
+            messages = ([{"role": "system", "content": request.system}] if request.system else [])
+            return apply_chat_template(self.tokenizer, messages + [{"role": "user", "content": prompt}])
+        return (request.system + "\n\n" if request.system else "") + prompt
+
+    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResponse]:
+        """Answers every request in order."""
+        from icml_jax.models.sampler import generate
+
+        out: list[LLMResponse | None] = [None] * len(requests)
+        groups: dict[tuple[int, float], list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault((r.max_output_tokens, r.temperature), []).append(i)
+        templated = bool(getattr(self.tokenizer, "chat_template", None))
+        for (max_tokens, temperature), idx in groups.items():
+            prompts = [self._render(requests[i]) for i in idx]
+            start = time.perf_counter()
+            self._calls += 1
+            texts = generate(self.model, self.tokenizer, prompts, max_new_tokens=max_tokens,
+                             temperature=temperature, top_k=self._top_k, top_p=self._top_p,
+                             seed=self._seed + self._calls, add_special_tokens=not templated)
+            latency = (time.perf_counter() - start) / len(idx)
+            for i, prompt, text in zip(idx, prompts, texts):
+                n_in = len(self.tokenizer(prompt, add_special_tokens=not templated)["input_ids"])
+                n_out = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+                parsed, error = (None, None)
+                if requests[i].json_schema is not None:
+                    parsed, error = parse_json_text(text)
+                self._meter.add(prompt_tokens=n_in, output_tokens=n_out, calls=1, attempts=1)
+                out[i] = LLMResponse(text=text, parsed=parsed, parse_error=error, prompt_tokens=n_in,
+                                     output_tokens=n_out, latency_s=latency)
+        return [r for r in out if r is not None]
+
+    @property
+    def usage(self) -> TokenUsage:
+        return self._meter.usage
+
+    def close(self) -> None:
+        """Nothing to release: the model lives as long as its owner keeps it."""
+
+
+def _local(values: Mapping[str, Any]) -> LocalBackend:
+    """`{'kind': 'local', 'model_dir': ..., 'tokenizer_dir': ... (default model_dir), 'dtype': 'bfloat16'}`."""
+    import jax.numpy as jnp
+
+    from icml_jax.models import from_pretrained, load_tokenizer
+
+    known = {"kind", "model_dir", "tokenizer_dir", "dtype", "seed", "top_p", "top_k"}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"local back end: unknown config key(s) {unknown}; known: {sorted(known)}")
+    if not values.get("model_dir"):
+        raise ValueError("local back end needs model_dir (a local Hugging Face model directory)")
+    model = from_pretrained(values["model_dir"], dtype=jnp.dtype(values.get("dtype", "bfloat16")))
+    tokenizer = load_tokenizer(values.get("tokenizer_dir") or values["model_dir"])
+    return LocalBackend(model, tokenizer, seed=int(values.get("seed", 0)), top_p=float(values.get("top_p", 1.0)),
+                        top_k=int(values.get("top_k", 0)))
+
+
+register_backend("local", _local)
