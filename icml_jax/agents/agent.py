@@ -1,0 +1,176 @@
+"""The per-turn agent: Trigger -> reply -> Planner -> (maybe) save, returning the reply and a receipt.
+
+The receipt holds everything a user inspects ("which memory, with what probability") and everything the
+learner consumes (the exact token arrays, actions, log-probabilities, values and entropies).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from icml_jax.agents import observation as obs
+from icml_jax.agents.policy import MemoryPolicies, planner_act, trigger_act
+from icml_jax.llm.generation import ReplyInput, generate_replies
+from icml_jax.llm.types import LLMBackend
+from icml_jax.memory.fragment import Fragment
+from icml_jax.memory.store import MemoryStore
+from icml_jax.memory.writer import TurnToSave, save_turns
+
+
+@dataclasses.dataclass(frozen=True)
+class TriggerDecision:
+    """Which memory grounded the reply: candidates offered, the index chosen (0 = none) and its statistics."""
+
+    decision_id: str
+    candidate_ids: tuple[str, ...]  # fragment ids of options 1..N
+    action: int
+    prob: float
+    logp: float
+    entropy: float
+    value: float
+    probs: tuple[float, ...]  # over options 0..N
+    tokens: np.ndarray  # [C, L]: exactly what was scored, for teacher-forced recomputation
+    mask: np.ndarray
+    cand_mask: np.ndarray  # [C]
+
+    @property
+    def fragment_id(self) -> str | None:
+        """The chosen memory's id, or None when the Trigger chose no memory."""
+        return None if self.action == 0 else self.candidate_ids[self.action - 1]
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannerDecision:
+    """Whether the user turn was saved, with the probability of saving and the decision's statistics."""
+
+    decision_id: str
+    save: bool
+    prob_save: float
+    logp: float
+    entropy: float
+    value: float
+    tokens: np.ndarray  # [L]
+    mask: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class Receipt:
+    """One turn of the agent: the reply, both decisions, the memory used and the fragment created."""
+
+    user_id: str
+    episode_id: str
+    session: int
+    turn: int
+    utterance: str
+    reply: str
+    trigger: TriggerDecision
+    planner: PlannerDecision
+    memory_used: Fragment | None
+    fragment: Fragment | None
+    policy_version: str
+
+    def summary(self) -> str:
+        """A one-paragraph human explanation (the chat's `/why`)."""
+        used = (f"used memory {self.memory_used.fragment_id} ({self.trigger.prob:.0%}): {self.memory_used.text!r}"
+                if self.memory_used else f"used no memory ({self.trigger.prob:.0%} for 'none')")
+        saved = (f"saved this turn as {self.fragment.fragment_id} (p_save {self.planner.prob_save:.0%})"
+                 if self.fragment else f"did not save this turn (p_save {self.planner.prob_save:.0%})")
+        return f"{used}; {len(self.trigger.candidate_ids)} candidate(s) considered; {saved}."
+
+
+@dataclasses.dataclass
+class AgentConfig:
+    """Knobs of the per-turn loop."""
+
+    observation: obs.ObservationConfig = dataclasses.field(default_factory=obs.ObservationConfig)
+    greedy: bool = False  # True: argmax decisions (evaluation); False: sample (online learning)
+    reply_temperature: float = 0.7
+    reply_max_tokens: int = 256
+    policy_version: str = "0"
+
+
+class MemoryAgent:
+    """A chat agent with a per-user long-term memory whose reads and writes are learned policies."""
+
+    def __init__(
+        self,
+        policies: MemoryPolicies,
+        tokenizer,
+        store: MemoryStore,
+        generator: LLMBackend,
+        *,
+        condenser: LLMBackend | None = None,
+        config: AgentConfig | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.policies, self.tokenizer, self.store = policies, tokenizer, store
+        self.generator = generator
+        self.condenser = condenser or generator
+        self.config = config or AgentConfig()
+        self.key = jax.random.key(seed)
+
+    def _next_key(self) -> jax.Array:
+        self.key, key = jax.random.split(self.key)
+        return key
+
+    def step(
+        self,
+        user_id: str,
+        utterance: str,
+        *,
+        history: Sequence[tuple[str, str]] = (),
+        episode_id: str = "chat",
+        session: int = 0,
+        turn: int = 0,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> tuple[str, Receipt]:
+        """Runs one turn for `user_id` and returns (reply, receipt).
+
+        `metadata` travels with the back-end requests (the offline back end reads labels from it).
+        """
+        cfg = self.config
+        graphdef, state = nnx.split(self.policies)
+        base = f"{user_id}/{episode_id}/{session}/{turn}"
+
+        candidates = self.store.candidates(user_id, utterance, cfg.observation.max_candidates)
+        options = obs.trigger_texts(history, utterance, [f.text for f in candidates], cfg.observation)
+        t_tokens, t_mask, t_cand = obs.encode_trigger(self.tokenizer, [options], cfg.observation)
+        action, stats = trigger_act(graphdef, state, t_tokens, t_mask, t_cand, self._next_key(), greedy=cfg.greedy)
+        a = int(action[0])
+        probs = np.asarray(stats.probs[0])
+        trigger = TriggerDecision(
+            decision_id=base + "/trigger", candidate_ids=tuple(f.fragment_id for f in candidates), action=a,
+            prob=float(probs[a]), logp=float(stats.logp[0]), entropy=float(stats.entropy[0]),
+            value=float(stats.value[0]), probs=tuple(float(p) for p in probs[: len(options)]),
+            tokens=t_tokens[0], mask=t_mask[0], cand_mask=t_cand[0])
+        used = candidates[a - 1] if a else None
+
+        md = dict(metadata or {})
+        if used is not None:
+            md.setdefault("used_ref", list(used.ref))
+        (reply,) = generate_replies(self.generator, [ReplyInput(history, utterance, used.text if used else None, md)],
+                                    temperature=cfg.reply_temperature, max_output_tokens=cfg.reply_max_tokens)
+
+        p_text = obs.planner_text(history, utterance, cfg.observation)
+        p_tokens, p_mask = obs.encode_planner(self.tokenizer, [p_text], cfg.observation)
+        save, pstats = planner_act(graphdef, state, p_tokens, p_mask, self._next_key(), greedy=cfg.greedy)
+        planner = PlannerDecision(
+            decision_id=base + "/planner", save=bool(save[0]), prob_save=float(pstats.probs[0]),
+            logp=float(pstats.logp[0]), entropy=float(pstats.entropy[0]), value=float(pstats.value[0]),
+            tokens=p_tokens[0], mask=p_mask[0])
+
+        fragment = None
+        if planner.save:
+            (fragment,) = save_turns(
+                self.store, self.condenser, user_id,
+                [TurnToSave(episode_id, session, turn, utterance, tuple(history), planner.decision_id)],
+                policy_version=cfg.policy_version)
+        receipt = Receipt(user_id, episode_id, session, turn, utterance, reply.text, trigger, planner, used,
+                          fragment, cfg.policy_version)
+        return reply.text, receipt

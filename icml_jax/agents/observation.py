@@ -1,0 +1,104 @@
+"""What the policies read: observation texts and their bucketed, left-padded token arrays.
+
+Lengths round up to powers of two and the Trigger's candidate axis (1 + memories) to powers of two too, so the
+scoring programs compile once per (length bucket, candidate bucket) whatever the store holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from icml_jax.models.sampler import bucket
+
+Dialogue = Sequence[tuple[str, str]]  # (speaker, text), oldest first
+
+
+@dataclasses.dataclass(frozen=True)
+class ObservationConfig:
+    """How much the policies see and how inputs are bucketed."""
+
+    context_turns: int = 4  # recent dialogue turns shown with the utterance
+    max_length: int = 256  # tokens per sequence; longer ones keep their end (the utterance)
+    min_length_bucket: int = 32
+    max_candidates: int = 15  # memories scored per turn (15 + "none" = a 16-wide bucket); a lexical prefilter
+    # picks them from the store when it holds more
+    min_candidate_bucket: int = 2
+
+    def __post_init__(self) -> None:
+        if self.max_length < self.min_length_bucket or self.max_candidates < 1:
+            raise ValueError(f"invalid observation config {self}")
+
+
+def _context(history: Dialogue, utterance: str, turns: int) -> str:
+    lines = [f"{speaker}: {text}" for speaker, text in list(history)[-turns:]] if turns else []
+    return "\n".join(lines + [f"User: {utterance}"])
+
+
+def planner_text(history: Dialogue, utterance: str, config: ObservationConfig) -> str:
+    """The Planner's observation: recent dialogue, the user turn, and the question it answers."""
+    return _context(history, utterance, config.context_turns) + "\nSave this user turn to long-term memory?"
+
+
+def trigger_texts(history: Dialogue, utterance: str, memories: Sequence[str], config: ObservationConfig) -> list[str]:
+    """One sequence per option: index 0 is 'no memory', index i the i-th candidate memory."""
+    ctx = _context(history, utterance, config.context_turns)
+    return [f"{ctx}\nMemory: {m}\nUse this memory for the reply?" for m in ["(none)", *memories]]
+
+
+def _encode(tokenizer, texts: Sequence[str], max_length: int) -> list[list[int]]:
+    out = []
+    for text in texts:
+        ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+        if len(ids) > max_length:  # keep the first (BOS) token and the end of the text
+            ids = ids[:1] + ids[len(ids) - max_length + 1:]
+        out.append(ids)
+    return out
+
+
+def pad_left(rows: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pads token rows to `length`: tokens [N, length] int32 and mask [N, length] bool."""
+    tokens = np.full((len(rows), length), pad_id, np.int32)
+    mask = np.zeros((len(rows), length), bool)
+    for i, row in enumerate(rows):
+        if row:
+            tokens[i, length - len(row):] = row
+            mask[i, length - len(row):] = True
+    return tokens, mask
+
+
+def length_bucket(rows: Sequence[Sequence[int]], config: ObservationConfig) -> int:
+    """The length bucket that holds every row."""
+    return min(bucket(max(len(r) for r in rows), config.min_length_bucket), bucket(config.max_length))
+
+
+def encode_planner(tokenizer, texts: Sequence[str], config: ObservationConfig) -> tuple[np.ndarray, np.ndarray]:
+    """tokens/mask [B, L] for Planner observations."""
+    rows = _encode(tokenizer, texts, config.max_length)
+    return pad_left(rows, length_bucket(rows, config), _pad_id(tokenizer))
+
+
+def encode_trigger(
+    tokenizer, options: Sequence[Sequence[str]], config: ObservationConfig
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """tokens/mask [B, C, L] and cand_mask [B, C] for Trigger option lists (each from `trigger_texts`)."""
+    if any(len(o) > config.max_candidates + 1 for o in options):
+        raise ValueError(f"more than max_candidates={config.max_candidates} memories in a Trigger observation")
+    encoded = [_encode(tokenizer, texts, config.max_length) for texts in options]
+    length = length_bucket([r for rows in encoded for r in rows], config)
+    cands = bucket(max(len(rows) for rows in encoded), config.min_candidate_bucket)
+    pad = _pad_id(tokenizer)
+    tokens = np.full((len(options), cands, length), pad, np.int32)
+    mask = np.zeros((len(options), cands, length), bool)
+    cand_mask = np.zeros((len(options), cands), bool)
+    for b, rows in enumerate(encoded):
+        t, m = pad_left(rows, length, pad)
+        tokens[b, : len(rows)], mask[b, : len(rows)], cand_mask[b, : len(rows)] = t, m, True
+    return tokens, mask, cand_mask
+
+
+def _pad_id(tokenizer) -> int:
+    pad = tokenizer.pad_token_id
+    return int(pad if pad is not None else (tokenizer.eos_token_id or 0))

@@ -1,0 +1,87 @@
+"""One turn of the memory agent end to end with each back end: offline, local (tiny model), Gemini (loopback)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from icml_jax.agents import AgentConfig, MemoryAgent, ObservationConfig
+from icml_jax.llm import LocalBackend, OfflineBackend, make_backend
+from icml_jax.memory import MemoryStore
+from tests.agents.conftest import tiny_backbone
+from tests.llm.conftest import fake_gemini, gemini_env  # noqa: F401 - fixtures
+
+CFG = AgentConfig(observation=ObservationConfig(max_length=64, min_length_bucket=16, max_candidates=3),
+                  reply_max_tokens=8)
+
+
+def run_turns(agent, user="alice"):
+    history, receipts = [], []
+    for turn, utterance in enumerate(["i like my dog", "no meat please i am vegan", "what do we eat tonight"]):
+        reply, receipt = agent.step(user, utterance, history=history, episode_id="e1", session=0, turn=turn)
+        history += [("User", utterance), ("Assistant", reply)]
+        receipts.append(receipt)
+    return receipts
+
+
+def check_receipt(receipt, store):
+    t, p = receipt.trigger, receipt.planner
+    assert 0 <= t.action <= len(t.candidate_ids)
+    assert np.isclose(sum(t.probs), 1.0, atol=1e-5) and np.isclose(np.log(t.prob), t.logp, atol=1e-5)
+    assert 0.0 <= p.prob_save <= 1.0 and p.save == (receipt.fragment is not None)
+    if receipt.fragment is not None:
+        assert store.get(receipt.user_id, receipt.fragment.fragment_id) == receipt.fragment
+        assert receipt.fragment.decision_id == p.decision_id
+    if t.action:
+        assert receipt.memory_used.fragment_id == t.fragment_id
+    assert t.tokens.shape == t.mask.shape and t.tokens.shape[0] == t.cand_mask.shape[0]
+    assert isinstance(receipt.summary(), str)
+
+
+def test_turns_with_offline_backend(policies, tokenizer):
+    store = MemoryStore()
+    agent = MemoryAgent(policies, tokenizer, store, OfflineBackend(), config=CFG, seed=0)
+    receipts = run_turns(agent)
+    for r in receipts:
+        check_receipt(r, store)
+    saved = [r for r in receipts if r.fragment]
+    assert store.count("alice") == len(saved)
+    assert saved and saved[0].fragment.text == saved[0].utterance  # offline condensation keeps the turn text
+    later = receipts[-1].trigger
+    assert len(later.candidate_ids) == len([r for r in receipts[:-1] if r.fragment])  # saved memories offered
+    assert store.count("bob") == 0  # another user sees nothing
+
+
+def test_greedy_agent_is_deterministic(policies, tokenizer):
+    cfg = AgentConfig(observation=CFG.observation, greedy=True, reply_max_tokens=8)
+    a = run_turns(MemoryAgent(policies, tokenizer, MemoryStore(), OfflineBackend(), config=cfg, seed=0))
+    b = run_turns(MemoryAgent(policies, tokenizer, MemoryStore(), OfflineBackend(), config=cfg, seed=9))
+    assert [(r.trigger.action, r.planner.save) for r in a] == [(r.trigger.action, r.planner.save) for r in b]
+
+
+def test_turn_with_local_backend(policies, tokenizer, tmp_path):
+    store = MemoryStore(tmp_path / "m.db")
+    local = LocalBackend(tiny_backbone(3), tokenizer)
+    agent = MemoryAgent(policies, tokenizer, store, local, condenser=OfflineBackend(), config=CFG)
+    for r in run_turns(agent):
+        check_receipt(r, store)
+    assert local.usage.calls == 3
+
+
+def test_turn_with_gemini_through_loopback(policies, tokenizer, fake_gemini, gemini_env):  # noqa: F811
+    fake_gemini.default = fake_gemini.ok("Sounds lovely!")
+    gemini = make_backend({"kind": "gemini", "model": "gemini-test", "base_url": fake_gemini.base_url,
+                           "max_attempts": 2})
+    try:
+        store = MemoryStore()
+        agent = MemoryAgent(policies, tokenizer, store, gemini, config=CFG)
+        receipts = run_turns(agent)
+    finally:
+        gemini.close()
+    assert [r.reply for r in receipts] == ["Sounds lovely!"] * 3
+    for r in receipts:
+        check_receipt(r, store)
+    n_saves = sum(r.fragment is not None for r in receipts)
+    assert fake_gemini.hits == 3 + n_saves  # one reply per turn, one condensation per save
+    if n_saves:
+        assert store.fragments("alice")[0].text == "Sounds lovely!"  # the condensed note came from Gemini
