@@ -25,7 +25,11 @@ NEG = -1e30  # score of padded candidates (finite, so masked rows never produce 
 class MemoryPolicies(nnx.Module):
     """Both agents: backbones (shared when the same object is passed twice) and four scalar heads."""
 
-    def __init__(self, planner_backbone: Decoder, trigger_backbone: Decoder | None = None, *, rngs: nnx.Rngs):
+    def __init__(self, planner_backbone: Decoder, trigger_backbone: Decoder | None = None, *,
+                 pooling: str = "last", rngs: nnx.Rngs):
+        if pooling not in ("last", "mean"):
+            raise ValueError(f"pooling must be 'last' or 'mean', got {pooling!r}")
+        self.pooling = pooling  # how a sequence's hidden states become the heads' input
         self.planner_backbone = planner_backbone
         self.trigger_backbone = planner_backbone if trigger_backbone is None else trigger_backbone
         zeros = nnx.initializers.zeros_init()
@@ -41,22 +45,27 @@ class MemoryPolicies(nnx.Module):
         return self.planner_backbone is self.trigger_backbone
 
 
-def _last_hidden(backbone: Decoder, tokens: Array, mask: Array) -> Array:
-    """Final-norm hidden state of the last (real, since left-padded) position, float32 [rows, embed]."""
-    out = backbone(tokens, attention_mask=mask, compute_logits=False)
-    return out.hidden[:, -1].astype(jnp.float32)
+def _features(backbone: Decoder, tokens: Array, mask: Array, pooling: str) -> Array:
+    """Heads' input [rows, embed] float32: the last (real, since left-padded) position's final hidden state,
+    or the mean over real positions (a stronger signal for small or untrained backbones)."""
+    hidden = backbone(tokens, attention_mask=mask, compute_logits=False).hidden.astype(jnp.float32)
+    if pooling == "last":
+        return hidden[:, -1]
+    weights = mask.astype(jnp.float32)[..., None]
+    return jnp.sum(hidden * weights, axis=1) / jnp.maximum(jnp.sum(weights, axis=1), 1.0)
 
 
 def planner_forward(policies: MemoryPolicies, tokens: Array, mask: Array) -> tuple[Array, Array]:
     """Save logits [B] and values [B] for observations tokens/mask [B, L]."""
-    h = _last_hidden(policies.planner_backbone, tokens, mask)
+    h = _features(policies.planner_backbone, tokens, mask, policies.pooling)
     return policies.planner_actor(h)[:, 0], policies.planner_critic(h)[:, 0]
 
 
 def trigger_forward(policies: MemoryPolicies, tokens: Array, mask: Array, cand_mask: Array) -> tuple[Array, Array]:
     """Candidate logits [B, C] (padding = NEG) and values [B] for tokens/mask [B, C, L], cand_mask [B, C]."""
     b, c, length = tokens.shape
-    h = _last_hidden(policies.trigger_backbone, tokens.reshape(b * c, length), mask.reshape(b * c, length))
+    h = _features(policies.trigger_backbone, tokens.reshape(b * c, length), mask.reshape(b * c, length),
+                  policies.pooling)
     h = h.reshape(b, c, -1)
     scores = policies.trigger_actor(h)[..., 0]
     value = policies.trigger_critic(h[:, 0])[:, 0]  # the context-only sequence carries the state value

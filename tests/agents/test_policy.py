@@ -89,6 +89,19 @@ def test_compilations_stay_at_the_number_of_buckets(policies, tokenizer):
     assert trigger_act._cache_size() - before == len(seen)
 
 
+def test_mean_pooling_uses_only_real_tokens(tokenizer):
+    pol = MemoryPolicies(tiny_backbone(0), pooling="mean", rngs=nnx.Rngs(0))
+    pol.planner_actor.kernel[...] = jnp.ones_like(pol.planner_actor.kernel[...])
+    short = obs.encode_planner(tokenizer, ["i like my dog"], CFG)
+    longer = obs.encode_planner(tokenizer, ["i like my dog", "the weather is cold and rain and sun again"], CFG)
+    assert short[0].shape[1] < longer[0].shape[1] or longer[1][0].sum() < longer[1].shape[1]
+    a = planner_evaluate(pol, *map(jnp.asarray, short), jnp.zeros(1, jnp.int32)).probs
+    b = planner_evaluate(pol, jnp.asarray(longer[0][:1]), jnp.asarray(longer[1][:1]), jnp.zeros(1, jnp.int32)).probs
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5)  # extra left padding changes nothing
+    with pytest.raises(ValueError, match="pooling"):
+        MemoryPolicies(tiny_backbone(0), pooling="max", rngs=nnx.Rngs(0))
+
+
 def test_shared_or_separate_backbones():
     shared = MemoryPolicies(tiny_backbone(0), rngs=nnx.Rngs(0))
     assert shared.shared_backbone
