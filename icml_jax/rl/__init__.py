@@ -1,0 +1,77 @@
+"""Rewards, the Pending Reward Buffer, GAE and PPO losses as pure functions, and the joint optimizer factory."""
+
+from icml_jax.rl.advantages import compute_advantages, discounted_returns, gae, whiten
+from icml_jax.rl.config import PPOConfig, RewardConfig
+from icml_jax.rl.losses import (
+    approx_kl,
+    clip_fraction,
+    combine_agent_losses,
+    entropy_bonus,
+    log_ratio,
+    masked_mean,
+    policy_loss,
+    ppo_loss,
+    value_loss,
+)
+from icml_jax.rl.optim import (
+    ACTOR,
+    CRITIC,
+    FROZEN,
+    GuardedStep,
+    all_finite,
+    guarded_apply,
+    label_params,
+    make_optimizer,
+    nnx_param_labels,
+    skip_nonfinite,
+)
+from icml_jax.rl.pending import (
+    ASSIGNED,
+    REPEAT,
+    UNTRACKED,
+    USER_MISMATCH,
+    PendingRewardBuffer,
+    SaveReward,
+    UserMismatchError,
+)
+from icml_jax.rl.rewards import miss_penalty, planner_reward, save_reward, trigger_reward, truth_reward
+
+__all__ = [
+    "ACTOR",
+    "ASSIGNED",
+    "CRITIC",
+    "FROZEN",
+    "REPEAT",
+    "UNTRACKED",
+    "USER_MISMATCH",
+    "GuardedStep",
+    "PPOConfig",
+    "PendingRewardBuffer",
+    "RewardConfig",
+    "SaveReward",
+    "UserMismatchError",
+    "all_finite",
+    "approx_kl",
+    "clip_fraction",
+    "combine_agent_losses",
+    "compute_advantages",
+    "discounted_returns",
+    "entropy_bonus",
+    "gae",
+    "guarded_apply",
+    "label_params",
+    "log_ratio",
+    "make_optimizer",
+    "masked_mean",
+    "miss_penalty",
+    "nnx_param_labels",
+    "planner_reward",
+    "policy_loss",
+    "ppo_loss",
+    "save_reward",
+    "skip_nonfinite",
+    "trigger_reward",
+    "truth_reward",
+    "value_loss",
+    "whiten",
+]

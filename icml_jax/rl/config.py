@@ -1,0 +1,156 @@
+"""Reward and PPO settings as frozen, hashable dataclasses (paper defaults), buildable from plain dicts."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+_C = TypeVar("_C")
+
+UNTRIGGERED_POLICIES: tuple[str, ...] = ("proxy", "defer")
+MULTI_TRIGGER_POLICIES: tuple[str, ...] = ("first", "max", "mean")
+USER_MISMATCH_POLICIES: tuple[str, ...] = ("raise", "count")
+
+
+def _from_dict(cls: type[_C], values: Mapping[str, Any] | None, overrides: Mapping[str, Any]) -> _C:
+    """Build `cls` from a mapping plus keyword overrides, naming any unknown key (a typo must not pass silently)."""
+    merged = {**dict(values or {}), **overrides}
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(merged) - known)
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}; known fields are {sorted(known)}")
+    return cls(**merged)
+
+
+def _check_finite(owner: str, **values: float) -> None:
+    """Raise naming the field when a numeric setting is not a finite number."""
+    for name, value in values.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise ValueError(f"{owner}.{name} must be a finite number, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    """How per-turn judge scores become rewards for the Planner and Trigger, and how pending saves resolve.
+
+    - `alpha`: miss-penalty weight; discarding a turn with r_proxy >= `high_value_threshold` earns -alpha * r_proxy.
+    - `save_cost`: a constant subtracted from every save's reward (0 = the paper's reward; > 0 discourages
+      hoarding).
+    - `truth_lambda`: weight of the future reply quality in r_truth = r_proxy + lambda * r_qual(future).
+    - `untriggered`: what `PendingRewardBuffer.finalize` does with a save that was never triggered:
+      "proxy" = it is finalized with its proxy reward (r_truth with 1[triggered] = 0) at every update, so every
+      save is trained on in the update that follows it; "defer" = it stays pending (and the learner leaves it
+      out of the update) until it is triggered or its user is closed (episode / user ended) or `force=True`.
+    - `multi_trigger`: how several triggers of one fragment before its finalization combine into r_qual(future):
+      "first" (default: the first retrieval is the one the save caused; later ones are counted, not used),
+      "max" or "mean" of all triggers so far.
+    - `user_mismatch`: a trigger whose user differs from the fragment's owner means memory isolation broke:
+      "raise" (default) raises `UserMismatchError` and changes nothing; "count" ignores it and counts it.
+    """
+
+    alpha: float = 1.0
+    high_value_threshold: float = 0.5
+    save_cost: float = 0.0
+    truth_lambda: float = 0.5
+    untriggered: str = "proxy"
+    multi_trigger: str = "first"
+    user_mismatch: str = "raise"
+
+    def __post_init__(self) -> None:
+        """Reject settings that would make rewards meaningless, naming the field."""
+        _check_finite(
+            "RewardConfig",
+            alpha=self.alpha,
+            high_value_threshold=self.high_value_threshold,
+            save_cost=self.save_cost,
+            truth_lambda=self.truth_lambda,
+        )
+        if self.alpha < 0 or self.save_cost < 0 or self.truth_lambda < 0:
+            raise ValueError(
+                f"RewardConfig: alpha, save_cost and truth_lambda must be >= 0, got "
+                f"{self.alpha}, {self.save_cost}, {self.truth_lambda}"
+            )
+        for name, allowed in (
+            ("untriggered", UNTRIGGERED_POLICIES),
+            ("multi_trigger", MULTI_TRIGGER_POLICIES),
+            ("user_mismatch", USER_MISMATCH_POLICIES),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"RewardConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any] | None = None, **overrides: Any) -> RewardConfig:
+        """Build from a mapping (e.g. an ml_collections ConfigDict's `to_dict()`) plus keyword overrides."""
+        return _from_dict(cls, values, overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of the fields (for logging and checkpoint metadata)."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+    """PPO hyper-parameters (paper: eps 0.2, gamma 0.99, GAE lambda 0.95, actor lr 1e-6, critic lr 1e-5, batch 4).
+
+    Hashable, so a jitted function can take it as a static argument. `value_clip` None = plain squared error;
+    a float c = PPO2-style clipping of the new value to old_value +/- c. `max_grad_norm` None = no clipping.
+    """
+
+    clip_eps: float = 0.2
+    value_coef: float = 0.5
+    entropy_coef: float = 0.01
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    whiten: bool = True
+    actor_lr: float = 1e-6
+    critic_lr: float = 1e-5
+    max_grad_norm: float | None = 1.0
+    weight_decay: float = 0.0
+    epochs: int = 4
+    minibatch_size: int = 4
+    value_clip: float | None = None
+
+    def __post_init__(self) -> None:
+        """Reject out-of-range settings, naming the field."""
+        _check_finite(
+            "PPOConfig",
+            clip_eps=self.clip_eps,
+            value_coef=self.value_coef,
+            entropy_coef=self.entropy_coef,
+            gamma=self.gamma,
+            gae_lambda=self.gae_lambda,
+            actor_lr=self.actor_lr,
+            critic_lr=self.critic_lr,
+            weight_decay=self.weight_decay,
+        )
+        if not self.clip_eps > 0:
+            raise ValueError(f"PPOConfig.clip_eps must be > 0, got {self.clip_eps}")
+        for name in ("gamma", "gae_lambda"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"PPOConfig.{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("value_coef", "entropy_coef", "actor_lr", "critic_lr", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"PPOConfig.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("max_grad_norm", "value_clip"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_finite("PPOConfig", **{name: value})
+                if not value > 0:
+                    raise ValueError(f"PPOConfig.{name} must be > 0 or None, got {value}")
+        for name in ("epochs", "minibatch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"PPOConfig.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.whiten, bool):
+            raise ValueError(f"PPOConfig.whiten must be a bool, got {self.whiten!r}")
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any] | None = None, **overrides: Any) -> PPOConfig:
+        """Build from a mapping (e.g. an ml_collections ConfigDict's `to_dict()`) plus keyword overrides."""
+        return _from_dict(cls, values, overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of the fields (for logging and checkpoint metadata)."""
+        return dataclasses.asdict(self)

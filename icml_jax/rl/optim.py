@@ -1,0 +1,147 @@
+"""The joint optimizer (actor / critic learning rates, frozen weights, global-norm clipping) and the NaN guard.
+
+Labels: every parameter leaf is labelled "actor" (LoRA adapters, policy heads: lr `actor_lr`), "critic"
+(value heads: lr `critic_lr`) or "frozen" (backbone: never changes, no optimizer state). Frozen gradients are
+zeroed *before* the global norm is taken, so a large backbone gradient cannot shrink the adapters' step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from icml_jax.rl.config import PPOConfig
+
+ACTOR, CRITIC, FROZEN = "actor", "critic", "frozen"
+LABELS: tuple[str, ...] = (ACTOR, CRITIC, FROZEN)
+
+PyTree = Any
+LabelSpec = PyTree | Callable[[PyTree], PyTree]
+
+
+def make_optimizer(config: PPOConfig, param_labels: LabelSpec) -> optax.GradientTransformation:
+    """optax chain: zero frozen grads -> clip by global norm -> multi_transform(actor Adam(W), critic Adam(W)).
+
+    `param_labels` is a pytree matching the parameters with leaves in {"actor", "critic", "frozen"}, or a
+    function params -> such a pytree (as `optax.multi_transform` accepts). Labels that never occur are fine.
+    """
+
+    def adam(lr: float) -> optax.GradientTransformation:
+        return optax.adamw(lr, weight_decay=config.weight_decay) if config.weight_decay else optax.adam(lr)
+
+    zero_frozen = optax.multi_transform(
+        {ACTOR: optax.identity(), CRITIC: optax.identity(), FROZEN: optax.set_to_zero()}, param_labels
+    )
+    clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm is not None else optax.identity()
+    per_group = optax.multi_transform(
+        {ACTOR: adam(config.actor_lr), CRITIC: adam(config.critic_lr), FROZEN: optax.set_to_zero()}, param_labels
+    )
+    return optax.chain(zero_frozen, clip, per_group)
+
+
+def label_params(params: PyTree, classify: Callable[[str], str]) -> PyTree:
+    """Label each leaf by `classify(path)`, the leaf's key path as a '/'-joined string (e.g. 'planner/lora/lora_a')."""
+
+    def one(path: tuple[Any, ...], _leaf: Any) -> str:
+        label = classify(_path_str(path))
+        if label not in LABELS:
+            raise ValueError(f"label_params: {_path_str(path)!r} labelled {label!r}, expected one of {LABELS}")
+        return label
+
+    return jax.tree_util.tree_map_with_path(one, params)
+
+
+def nnx_param_labels(state: nnx.State, actor: nnx.filterlib.Filter, critic: nnx.filterlib.Filter) -> nnx.State:
+    """Labels for an NNX state holding Variables, from NNX filters (e.g. actor=nnx.LoRAParam); the rest is frozen.
+
+    A variable matching both filters is an error: its learning rate would be ambiguous.
+    """
+    is_actor = nnx.filterlib.to_predicate(actor)
+    is_critic = nnx.filterlib.to_predicate(critic)
+
+    def one(path: tuple[Any, ...], variable: Any) -> Any:
+        if not isinstance(variable, nnx.Variable):
+            raise ValueError(f"nnx_param_labels: {_path_str(path)!r} is not an nnx.Variable; pass nnx.state(model)")
+        names = tuple(_key_name(k) for k in path)
+        a, c = is_actor(names, variable), is_critic(names, variable)
+        if a and c:
+            raise ValueError(f"nnx_param_labels: {_path_str(path)!r} matches both the actor and the critic filter")
+        label = ACTOR if a else CRITIC if c else FROZEN
+        return jax.tree.map(lambda _: label, variable)
+
+    return jax.tree_util.tree_map_with_path(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def _key_name(key: Any) -> Any:
+    """The plain name of one key-path entry (dict key, attribute or index)."""
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return getattr(key, attr)
+    return str(key)
+
+
+def _path_str(path: tuple[Any, ...]) -> str:
+    """A key path as 'a/b/c', without NNX's trailing 'value' attribute."""
+    names = [str(_key_name(k)) for k in path]
+    if names and names[-1] == "value" and isinstance(path[-1], jax.tree_util.GetAttrKey):
+        names = names[:-1]
+    return "/".join(names)
+
+
+def all_finite(*trees: PyTree) -> jnp.ndarray:
+    """True iff every floating-point leaf of every tree is free of NaN and inf (a scalar bool array)."""
+    ok = jnp.bool_(True)
+    for leaf in jax.tree.leaves(trees):
+        leaf = jnp.asarray(leaf)
+        if jnp.issubdtype(leaf.dtype, jnp.inexact):
+            ok = ok & jnp.all(jnp.isfinite(leaf))
+    return ok
+
+
+class GuardedStep(NamedTuple):
+    """Outcome of `skip_nonfinite`: the parameters and optimizer state to keep, and the skip bookkeeping."""
+
+    params: PyTree
+    opt_state: PyTree
+    skipped: jnp.ndarray  # bool scalar: this step was dropped
+    num_skipped: jnp.ndarray  # int32 scalar: running count of dropped steps
+
+
+def skip_nonfinite(
+    loss: jnp.ndarray,
+    grads: PyTree,
+    params: PyTree,
+    opt_state: PyTree,
+    new_params: PyTree,
+    new_opt_state: PyTree,
+    num_skipped: jnp.ndarray | int = 0,
+) -> GuardedStep:
+    """Keep (params, opt_state) when the loss, any grad or any new param is non-finite; else take the new ones.
+
+    Jittable (`jnp.where` per leaf, both candidates already exist), so a bad minibatch costs one step, never
+    the run: parameters and Adam moments never become NaN, and `num_skipped` counts the dropped steps.
+    """
+    ok = all_finite(loss, grads, new_params)
+    keep_params = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_params, params)
+    keep_state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_opt_state, opt_state)
+    skipped = jnp.logical_not(ok)
+    return GuardedStep(keep_params, keep_state, skipped, jnp.asarray(num_skipped, jnp.int32) + skipped.astype(jnp.int32))
+
+
+def guarded_apply(
+    tx: optax.GradientTransformation,
+    loss: jnp.ndarray,
+    grads: PyTree,
+    params: PyTree,
+    opt_state: PyTree,
+    num_skipped: jnp.ndarray | int = 0,
+) -> GuardedStep:
+    """One optimizer step of `tx` guarded by `skip_nonfinite` (the call the joint update makes)."""
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    return skip_nonfinite(loss, grads, params, opt_state, new_params, new_opt_state, num_skipped)
