@@ -18,8 +18,9 @@ from icml_jax.models.config import ModelConfig, RopeConfig
 
 Array = jax.Array
 
-# Logical axis names; the rules table in icml_jax.parallel maps them to mesh axes.
-EMBED, VOCAB, HEADS, KV_HEADS, HEAD_DIM, MLP = "embed", "vocab", "heads", "kv_heads", "head_dim", "mlp"
+# Logical axis names; the rules table in icml_jax.parallel maps them to mesh axes. (The feed-forward axis is
+# MLP_AXIS: a constant named MLP would be shadowed by the MLP class below.)
+EMBED, VOCAB, HEADS, KV_HEADS, HEAD_DIM, MLP_AXIS = "embed", "vocab", "heads", "kv_heads", "head_dim", "mlp"
 
 
 def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], dtype, scale: float) -> nnx.Param:
@@ -147,15 +148,17 @@ class MLP(nnx.Module):
         c = config
         self.act = c.act
         s_in, s_out = c.hidden_size**-0.5, c.intermediate_size**-0.5
-        self.gate = _param(rngs, (c.hidden_size, c.intermediate_size), (EMBED, MLP), dtype, s_in)
-        self.up = _param(rngs, (c.hidden_size, c.intermediate_size), (EMBED, MLP), dtype, s_in)
-        self.down = _param(rngs, (c.intermediate_size, c.hidden_size), (MLP, EMBED), dtype, s_out)
+        self.gate = _param(rngs, (c.hidden_size, c.intermediate_size), (EMBED, MLP_AXIS), dtype, s_in)
+        self.up = _param(rngs, (c.hidden_size, c.intermediate_size), (EMBED, MLP_AXIS), dtype, s_in)
+        self.down = _param(rngs, (c.intermediate_size, c.hidden_size), (MLP_AXIS, EMBED), dtype, s_out)
 
     def __call__(self, x: Array) -> Array:
-        gate = x @ self.gate[...]
+        # einsum rather than `@`: qwix LoRA intercepts `jnp.einsum` on a module's params, while `@` reaches
+        # dot_general inside jnp.matmul's own jit, where qwix can neither find the weight nor create adapters.
+        gate = jnp.einsum("...e,em->...m", x, self.gate[...])
         gate = jax.nn.silu(gate) if self.act == "silu" else jax.nn.gelu(gate, approximate=True)
-        h = gate * (x @ self.up[...])
-        return h @ self.down[...]
+        h = gate * jnp.einsum("...e,em->...m", x, self.up[...])
+        return jnp.einsum("...m,me->...e", h, self.down[...])
 
 
 class Block(nnx.Module):

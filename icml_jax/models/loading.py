@@ -67,8 +67,8 @@ def from_pretrained(
         array = np.ascontiguousarray(array, dtype=np_dtype)
         if mesh is None:
             value = jax.device_put(array)
-        else:
-            value = jax.device_put(array, parallel.named_sharding(mesh, var.get_metadata().get("logical_axes"), rules))
+        else:  # each device receives only its shard, also when the mesh spans several processes
+            value = parallel.place(array, parallel.variable_sharding(var, mesh, rules))
         leaves.append((key, var.replace(value)))
     if missing:
         raise ValueError(f"{path}: checkpoint lacks {len(missing)} tensor(s): {', '.join(missing[:8])}"

@@ -1,0 +1,244 @@
+"""Export: LoRA merged into the base weights as a Hugging Face directory, and adapters saved/loaded alone.
+
+Tensor names and layouts come from `hf_layout` (the table loading uses), so export and loading cannot disagree.
+Every process of a multi-host run calls these functions (arrays are gathered collectively); process 0 writes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
+
+from icml_jax import parallel
+from icml_jax.models import hf_layout, lora
+from icml_jax.models.safetensors_io import SafetensorsFile
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json")
+_DTYPE_CODES = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
+                np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.int64): "I64", np.dtype(np.int32): "I32",
+                np.dtype(np.int16): "I16", np.dtype(np.int8): "I8", np.dtype(np.uint8): "U8",
+                np.dtype(np.bool_): "BOOL"}
+_HF_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(ml_dtypes.bfloat16): "bfloat16",
+                   np.dtype(np.float16): "float16"}
+ADAPTER_FILE = "adapters.safetensors"
+ADAPTER_FORMAT = "icml_jax-lora-1"
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+    """A full NumPy copy of `x`, gathered across processes when it is sharded over several hosts."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
+    """Writes a safetensors file from NumPy arrays (bfloat16 included, which safetensors' NumPy API rejects)."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata or {})}
+    offset = 0
+    for name, array in tensors.items():
+        code = _DTYPE_CODES.get(array.dtype)
+        if code is None:
+            raise ValueError(f"tensor {name!r}: dtype {array.dtype} cannot be written to safetensors")
+        header[name] = {"dtype": code, "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for array in tensors.values():
+            f.write(np.ascontiguousarray(array).tobytes())
+    tmp.replace(path)
+
+
+def hf_config_for_export(hf: dict[str, Any], dtype_name: str) -> dict[str, Any]:
+    """The config.json of the exported causal LM: the base one with `dtype` set; Gemma3 multimodal -> text tower."""
+    hf = json.loads(json.dumps(hf))
+    if hf.get("model_type") == "gemma3":  # we export the text decoder only
+        text = dict(hf["text_config"])
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            if text.get(key) is None and hf.get(key) is not None:
+                text[key] = hf[key]
+        text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", True))
+        hf = {**text, "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"]}
+    hf["dtype"] = dtype_name
+    if "torch_dtype" in hf:
+        hf["torch_dtype"] = dtype_name
+    return hf
+
+
+def _plan_shards(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[list[str]]:
+    """Groups tensor names (in order) into files of at most `max_shard_bytes` (a larger tensor gets its own)."""
+    shards: list[list[str]] = [[]]
+    used = 0
+    for name, size in sizes:
+        if shards[-1] and used + size > max_shard_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(name)
+        used += size
+    return shards
+
+
+def export_hf(
+    model: nnx.Module,
+    out_dir: str | Path,
+    *,
+    base_dir: str | Path,
+    tokenizer_dir: str | Path | None = None,
+    dtype: Any = None,
+    max_shard_bytes: int = 4 << 30,
+) -> Path:
+    """Writes `model` (adapters merged into their weights) as a HF directory `transformers` loads.
+
+    config.json comes from the base checkpoint `base_dir` (dtype updated); generation_config.json and the
+    tokenizer files of `tokenizer_dir` (default: `base_dir`) are copied. Weights are merged, gathered and
+    written one tensor at a time, into several files with an index once they exceed `max_shard_bytes`.
+    """
+    out_dir, base_dir = Path(out_dir), Path(base_dir)
+    config_file = base_dir / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"export needs the base model's config.json; {config_file} does not exist")
+    if tokenizer_dir is not None and not any((Path(tokenizer_dir) / f).is_file() for f in TOKENIZER_FILES):
+        raise FileNotFoundError(f"no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...) in {tokenizer_dir}")
+    tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else base_dir
+    decoder_config = model.config
+    table = hf_layout.layout(decoder_config)
+    params = dict(nnx.to_flat_state(nnx.state(model, lora.FROZEN)))
+    unknown = [p for p in params if p not in table]
+    if unknown:
+        shown = ["/".join(map(str, p)) for p in unknown[:6]]
+        raise ValueError(f"export: parameters with no Hugging Face name: {shown}")
+    first = next(iter(params.values())).get_raw_value()
+    np_dtype = np.dtype(jnp.dtype(dtype if dtype is not None else first.dtype))
+    if np_dtype not in _HF_DTYPE_NAMES:
+        raise ValueError(f"export dtype must be float32, bfloat16 or float16, got {np_dtype}")
+    hf = hf_config_for_export(json.loads(config_file.read_text()), _HF_DTYPE_NAMES[np_dtype])
+
+    names = {path: hf_layout.full_name(table[path][0], "model.") for path in params}
+    sizes = [(names[p], int(np.prod(v.shape)) * np_dtype.itemsize) for p, v in params.items()]
+    shards = _plan_shards(sizes, max_shard_bytes)
+    files = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    file_of = {name: files[i] for i, shard in enumerate(shards) for name in shard}
+
+    writer = jax.process_index() == 0
+    if writer:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for stale in list(out_dir.glob("model*.safetensors")) + list(out_dir.glob("model.safetensors.index.json")):
+            stale.unlink()
+    pending: dict[str, np.ndarray] = {}
+    current = files[0]
+    for path, value in lora.iter_merged_params(model):
+        name = names[path]
+        if file_of[name] != current:
+            if writer:
+                write_safetensors(out_dir / current, pending, {"format": "pt"})
+            pending, current = {}, file_of[name]
+        array = to_host(value).astype(np_dtype)
+        pending[name] = np.ascontiguousarray(hf_layout.ours_to_hf(table[path][1], array))
+    if writer:
+        write_safetensors(out_dir / current, pending, {"format": "pt"})
+        if len(files) > 1:
+            index = {"metadata": {"total_size": sum(s for _, s in sizes)},
+                     "weight_map": {name: file_of[name] for name, _ in sizes}}
+            (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        (out_dir / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+        extra = [base_dir / "generation_config.json"] + [tokenizer_dir / f for f in TOKENIZER_FILES]
+        for src in extra:
+            if src.is_file():
+                shutil.copyfile(src, out_dir / src.name)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("icml_jax.export_hf")
+    return out_dir
+
+
+def _adapter_items(model: nnx.Module) -> list[tuple[str, nnx.Variable]]:
+    """(file name, variable) of every LoRA adapter, in state order."""
+    return [(".".join(map(str, path)), var) for path, var in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam))]
+
+
+def save_adapters(model: nnx.Module, directory: str | Path) -> Path:
+    """Writes only the adapters (and their LoRA config) to `directory/adapters.safetensors`; process 0 writes."""
+    items = _adapter_items(model)
+    if not items:
+        raise ValueError("save_adapters: the model has no LoRA adapters (apply_lora first)")
+    config: lora.LoraConfig = getattr(model, "lora_config", None) or lora.LoraConfig()
+    tensors = {name: to_host(var.get_raw_value()) for name, var in items}
+    directory = Path(directory)
+    if jax.process_index() == 0:
+        directory.mkdir(parents=True, exist_ok=True)
+        write_safetensors(directory / ADAPTER_FILE, tensors,
+                          {"format": ADAPTER_FORMAT, "lora_config": json.dumps(config.to_dict())})
+    return directory / ADAPTER_FILE
+
+
+def read_adapter_config(directory: str | Path) -> lora.LoraConfig:
+    """The LoRA config saved with the adapters (to `apply_lora` before `load_adapters`)."""
+    path = _adapter_path(directory)
+    meta = _read_metadata(path)
+    return lora.LoraConfig.from_config(json.loads(meta["lora_config"]))
+
+
+def _adapter_path(directory: str | Path) -> Path:
+    path = Path(directory)
+    path = path / ADAPTER_FILE if path.is_dir() else path
+    if not path.is_file():
+        raise FileNotFoundError(f"no saved adapters at {path}")
+    return path
+
+
+def _read_metadata(path: Path) -> dict[str, str]:
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        meta = json.loads(f.read(n)).get("__metadata__", {})
+    if meta.get("format") != ADAPTER_FORMAT:
+        raise ValueError(f"{path} is not an icml_jax adapter file (format {meta.get('format')!r})")
+    return meta
+
+
+def load_adapters(model: nnx.Module, directory: str | Path) -> nnx.Module:
+    """Loads saved adapters into a model that already has LoRA applied (same rank and targets); in place.
+
+    Each adapter lands on the sharding its current value has, so a sharded model stays sharded.
+    """
+    path = _adapter_path(directory)
+    saved = lora.LoraConfig.from_config(json.loads(_read_metadata(path)["lora_config"]))
+    ours: lora.LoraConfig | None = getattr(model, "lora_config", None)
+    if ours is None or not _adapter_items(model):
+        raise ValueError(f"load_adapters: the model has no LoRA adapters; apply_lora(model, "
+                         f"read_adapter_config({str(path.parent)!r})) first")
+    if (ours.rank, ours.alpha) != (saved.rank, saved.alpha):
+        raise ValueError(f"{path}: adapters have rank {saved.rank}, alpha {saved.alpha}; the model has rank "
+                         f"{ours.rank}, alpha {ours.alpha}")
+    file = SafetensorsFile(path)
+    names = set(file.keys())
+    items = _adapter_items(model)
+    missing = [n for n, _ in items if n not in names]
+    extra = sorted(names - {n for n, _ in items})
+    if missing or extra:
+        raise ValueError(f"{path}: adapters do not match the model: missing {missing[:6]}, unexpected {extra[:6]}")
+    leaves = []
+    for name, var in items:
+        current = var.get_raw_value()
+        array = file.get(name)
+        if tuple(array.shape) != tuple(current.shape):
+            raise ValueError(f"{path}: tensor {name!r} has shape {tuple(array.shape)}, the model expects "
+                             f"{tuple(current.shape)}")
+        array = np.asarray(array, dtype=current.dtype)
+        leaves.append((name, var, parallel.place(array, current.sharding)))
+    for _, var, value in leaves:
+        var.set_value(value)
+    return model

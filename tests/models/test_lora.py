@@ -1,0 +1,230 @@
+"""LoRA through qwix: placement, trainable filter, dropout switch, merged HF export, adapters saved alone."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+from icml_jax.models import from_pretrained, generate_tokens, lora
+from icml_jax.models.decoder import MLP
+from icml_jax.models.export import (export_hf, hf_config_for_export, load_adapters, read_adapter_config,
+                                    save_adapters)
+from tests import lora_helpers as H
+from tests.models import hf_fixtures as F
+from tests.models.tokenizer_fixtures import build_tokenizer
+
+TOL = 1e-4
+SMALL = lora.LoraConfig(rank=4, alpha=8.0, dropout=0.1)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """kind -> directory of a tiny random HF checkpoint."""
+    out = {}
+    for kind in ("llama", "gemma3"):
+        d = tmp_path_factory.mktemp(kind)
+        F.build(kind, d)
+        out[kind] = d
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapted(checkpoints):
+    """(base model, adapted model with random non-zero adapters) for the llama checkpoint."""
+    base = from_pretrained(checkpoints["llama"])
+    model = lora.apply_lora(base, SMALL, seed=1)
+    H.randomize_adapters(model, seed=2)
+    return base, model
+
+
+def logits(model, ids, mask):
+    """Jitted logits (eager calls through qwix's interception are slow to dispatch)."""
+    return np.asarray(H.forward(model, jnp.asarray(ids), jnp.asarray(mask)))
+
+
+def test_config_defaults_are_the_papers_and_validate():
+    c = lora.LoraConfig.from_config(lora.default_config())
+    assert (c.rank, c.alpha, c.dropout, c.scale) == (8, 16.0, 0.1, 2.0)
+    assert c.target_modules == ("q", "k", "v", "o", "gate", "up", "down")
+    assert lora.LoraConfig(target_modules=("q_proj", "v_proj")).target_modules == ("q", "v")
+    with pytest.raises(ValueError, match="unknown LoRA target modules.*lm_head"):
+        lora.LoraConfig(target_modules=("q", "lm_head"))
+    with pytest.raises(ValueError, match="rank must be >= 1"):
+        lora.LoraConfig(rank=0)
+    with pytest.raises(ValueError, match="unknown LoRA settings.*rnak"):
+        lora.LoraConfig.from_config({"rnak": 4})
+
+
+def test_adapters_sit_on_targets_with_axes_of_their_weight(checkpoints):
+    base = from_pretrained(checkpoints["llama"])
+    model = lora.apply_lora(base, lora.LoraConfig(rank=4, target_modules=("k", "o", "down")))
+    # base arrays are shared with the input model, not copied
+    assert model.layers[0].attn.q.get_raw_value() is base.layers[0].attn.q.get_raw_value()
+    flat = dict(nnx.to_flat_state(nnx.state(model, nnx.LoRAParam)))
+    assert len(flat) == 3 * 2 * base.config.num_layers
+    attn = model.layers[1].attn
+    axes = lambda v: v.get_metadata()["logical_axes"]  # noqa: E731
+    assert attn.k_lora_a.shape == (64, 4) and axes(attn.k_lora_a) == ("embed", None)
+    assert attn.k_lora_b.shape == (4, 2, 16) and axes(attn.k_lora_b) == (None, "kv_heads", "head_dim")
+    assert attn.o_lora_a.shape == (4, 16, 4) and axes(attn.o_lora_a) == ("heads", "head_dim", None)
+    assert attn.o_lora_b.shape == (4, 64) and axes(attn.o_lora_b) == (None, "embed")
+    mlp = model.layers[1].mlp
+    assert axes(mlp.down_lora_a) == ("mlp", None) and axes(mlp.down_lora_b) == (None, "embed")
+    assert not hasattr(attn, "q_lora_a") and not hasattr(mlp, "gate_lora_a")
+    # B starts at zero: the adapted model equals the base
+    ids, mask = H.token_batch(batch=2)
+    np.testing.assert_allclose(logits(model, ids, mask), logits(base, ids, mask), rtol=0, atol=1e-6)
+
+
+def test_projection_that_qwix_cannot_intercept_is_an_error(checkpoints):
+    class MatmulMLP(MLP):
+        def __call__(self, x):
+            return (jax.nn.silu(x @ self.gate[...]) * (x @ self.up[...])) @ self.down[...]
+
+    base = from_pretrained(checkpoints["llama"])
+    for layer in base.layers:
+        layer.mlp.__class__ = MatmulMLP
+    with pytest.raises(ValueError, match=r"no LoRA adapter on 9 target.*layers/0/mlp/gate"):
+        lora.apply_lora(base, SMALL)
+
+
+def test_one_step_changes_only_adapters(adapted):
+    _, model = adapted
+    model = nnx.clone(model)  # private copy: the fixture stays untouched
+    frozen_before = {p: np.array(v.get_raw_value()) for p, v in nnx.to_flat_state(nnx.state(model, lora.FROZEN))}
+    lora_before = H.adapters_numpy(model)
+    assert frozen_before and lora_before and not set(lora_before) & {".".join(map(str, p)) for p in frozen_before}
+    model.train()
+    optimizer = H.make_optimizer(model)
+    ids, mask = H.token_batch()
+    loss = H.train_step(model, optimizer, jnp.asarray(ids), jnp.asarray(mask))
+    assert np.isfinite(float(loss))
+    for p, v in nnx.to_flat_state(nnx.state(model, lora.FROZEN)):
+        np.testing.assert_array_equal(np.asarray(v.get_raw_value()), frozen_before[p], err_msg=str(p))
+    after = H.adapters_numpy(model)
+    unchanged = [k for k in lora_before if np.array_equal(after[k], lora_before[k])]
+    assert not unchanged
+
+
+def test_trainable_filter_selects_adapters_and_head_params():
+    class Head(nnx.Module):
+        def __init__(self):
+            self.w = lora.TrainableParam(jnp.ones((2,)))
+            self.base = nnx.Param(jnp.ones((2,)))
+            self.a = nnx.LoRAParam(jnp.ones((2,)))
+
+    head = Head()
+    assert {p[0] for p, _ in nnx.to_flat_state(nnx.state(head, lora.TRAINABLE))} == {"w", "a"}
+    assert {p[0] for p, _ in nnx.to_flat_state(nnx.state(head, lora.FROZEN))} == {"base"}
+
+
+def test_dropout_on_in_train_off_in_eval(adapted, checkpoints):
+    _, model = adapted
+    ids, mask = H.token_batch(batch=2)
+    e1, e2 = logits(model, ids, mask), logits(model, ids, mask)
+    np.testing.assert_array_equal(e1, e2)  # eval (the default after apply_lora): deterministic
+    no_dropout = lora.apply_lora(from_pretrained(checkpoints["llama"]),
+                                 lora.LoraConfig(rank=4, alpha=8.0, dropout=0.0), seed=1)
+    H.randomize_adapters(no_dropout, seed=2)
+    np.testing.assert_allclose(logits(no_dropout, ids, mask), e1, atol=1e-6)
+    model.train()
+    try:
+        t1, t2 = logits(model, ids, mask), logits(model, ids, mask)  # the dropout RNG advances between calls
+    finally:
+        model.eval()
+    assert np.abs(t1 - e1).max() > 1e-2 and np.abs(t1 - t2).max() > 1e-2
+    np.testing.assert_array_equal(logits(model, ids, mask), e1)  # back in eval: dropout off again
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_merged_export_loads_in_transformers_with_our_logits(checkpoints, kind, tmp_path):
+    base = from_pretrained(checkpoints[kind])
+    model = lora.apply_lora(base, SMALL, seed=3)
+    H.randomize_adapters(model, seed=4, scale=0.2)
+    build_tokenizer(tmp_path / "tok")
+    out = export_hf(model, tmp_path / "export", base_dir=checkpoints[kind], tokenizer_dir=tmp_path / "tok")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids, mask = H.token_batch(batch=2)
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    ref = F.torch_logits(hf, ids, mask, positions)
+    ours = logits(model, ids, mask)
+    real = mask.astype(bool)
+    diff = np.abs(ref - ours)[real].max()
+    print(f"export {kind}: max |logit diff| vs transformers = {diff:.2e}")
+    assert diff <= TOL
+    assert np.abs(ref - logits(base, ids, mask))[real].max() > 100 * TOL  # the adapters are in the export
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok("i like my dog").input_ids[0] == 1
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
+
+
+def test_export_in_bfloat16_and_several_files_round_trips(adapted, checkpoints, tmp_path):
+    _, model = adapted
+    out = export_hf(model, tmp_path / "bf16", base_dir=checkpoints["llama"], dtype=jnp.bfloat16,
+                    max_shard_bytes=40_000)
+    files = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(files) > 2 and (out / "model.safetensors.index.json").exists()
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    back = dict(nnx.to_flat_state(nnx.state(from_pretrained(out))))  # our loader reads the merged weights
+    merged = dict(lora.iter_merged_params(model))
+    assert back.keys() == merged.keys()
+    for path, value in merged.items():
+        expected = np.asarray(value).astype(jnp.bfloat16).astype(np.float32)
+        np.testing.assert_array_equal(np.asarray(back[path].get_raw_value()), expected, err_msg=str(path))
+
+
+def test_export_errors_name_the_missing_input(adapted, checkpoints, tmp_path):
+    _, model = adapted
+    with pytest.raises(FileNotFoundError, match="config.json.*does not exist"):
+        export_hf(model, tmp_path / "x", base_dir=tmp_path)
+    with pytest.raises(FileNotFoundError, match="no tokenizer files.*in " + str(tmp_path)):
+        export_hf(model, tmp_path / "x", base_dir=checkpoints["llama"], tokenizer_dir=tmp_path)
+
+
+def test_gemma3_multimodal_config_exports_as_text_model():
+    hf = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "eos_token_id": [1, 106],
+          "text_config": {"model_type": "gemma3_text", "hidden_size": 64}, "vision_config": {}}
+    out = hf_config_for_export(hf, "bfloat16")
+    assert out["model_type"] == "gemma3_text" and out["architectures"] == ["Gemma3ForCausalLM"]
+    assert out["eos_token_id"] == [1, 106] and out["dtype"] == "bfloat16" and "vision_config" not in out
+
+
+def test_adapters_saved_alone_are_small_and_load_back(adapted, checkpoints, tmp_path):
+    base, model = adapted
+    path = save_adapters(model, tmp_path / "ad")
+    assert path.stat().st_size < 0.2 * (checkpoints["llama"] / "model.safetensors").stat().st_size
+    assert read_adapter_config(tmp_path / "ad") == SMALL
+    fresh = lora.apply_lora(base, read_adapter_config(tmp_path / "ad"), seed=9)
+    ids, mask = H.token_batch(batch=2)
+    assert np.abs(logits(fresh, ids, mask) - logits(model, ids, mask)).max() > 1e-2
+    load_adapters(fresh, tmp_path / "ad")
+    saved, loaded = H.adapters_numpy(model), H.adapters_numpy(fresh)
+    assert saved.keys() == loaded.keys()
+    for k in saved:
+        np.testing.assert_array_equal(saved[k], loaded[k])
+    np.testing.assert_array_equal(logits(fresh, ids, mask), logits(model, ids, mask))
+    with pytest.raises(ValueError, match="rank 4, alpha 8.0; the model has rank 2"):
+        load_adapters(lora.apply_lora(base, lora.LoraConfig(rank=2, alpha=8.0)), tmp_path / "ad")
+    with pytest.raises(ValueError, match="no LoRA adapters; apply_lora"):
+        load_adapters(base, tmp_path / "ad")
+    with pytest.raises(ValueError, match="adapters do not match the model"):
+        load_adapters(lora.apply_lora(base, lora.LoraConfig(rank=4, alpha=8.0, target_modules=("q", "v", "up"))),
+                      tmp_path / "ad")
+
+
+def test_rollouts_with_adapters_equal_the_merged_model(adapted):
+    """Generation (jitted prefill + decode) sees the adapters, with dropout off in eval mode."""
+    base, model = adapted
+    merged = nnx.clone(base)
+    nnx.update(merged, nnx.from_flat_state(list(lora.iter_merged_params(model))))
+    prompts = [[1, 5, 9, 14], [1, 22, 7]]
+    ours = generate_tokens(model, prompts, max_new_tokens=6)
+    ref = generate_tokens(merged, prompts, max_new_tokens=6)
+    np.testing.assert_array_equal(ours.tokens, ref.tokens)
