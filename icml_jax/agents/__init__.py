@@ -3,16 +3,19 @@
 from icml_jax.agents.agent import AgentConfig, MemoryAgent, PlannerDecision, Receipt, TriggerDecision
 from icml_jax.agents.observation import ObservationConfig, encode_planner, encode_trigger, planner_text, trigger_texts
 from icml_jax.agents.policy import (
+    TRAINABLE,
     ActionStats,
     MemoryPolicies,
     param_labels,
     planner_act,
     planner_evaluate,
     trigger_act,
+    trainable_group,
     trigger_evaluate,
 )
 
 __all__ = [
+    "TRAINABLE",
     "ActionStats",
     "AgentConfig",
     "MemoryAgent",
@@ -27,6 +30,7 @@ __all__ = [
     "planner_act",
     "planner_evaluate",
     "planner_text",
+    "trainable_group",
     "trigger_act",
     "trigger_evaluate",
     "trigger_texts",

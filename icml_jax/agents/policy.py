@@ -3,6 +3,13 @@
 The Planner reads one observation sequence and gives Bernoulli(save); the Trigger reads one sequence per
 candidate (context + that memory, candidate 0 = context + "no memory") and gives a categorical over them.
 Each agent has an actor head and a value head. Planner and Trigger may share one backbone or use two.
+Heads are `TrainableParam`s and LoRA adapters `nnx.LoRAParam`s, so `TRAINABLE` selects exactly what the PPO
+update trains and everything else (the backbone) stays frozen.
+Optionally (`match_rank > 0`, `MatchHead`) the Trigger adds a bilinear score between the context-only encoding
+(option 0) and each option's encoding, and a context-only score of "no memory": a linear head on pooled
+features scores memories one by one and can express neither "this memory answers this utterance" nor "this
+utterance needs a memory" unless the backbone itself mixes context and memory (an LLM does; a tiny random
+backbone does not).
 Every function that samples also returns the log-probability, entropy and value it sampled with, computed
 by the same program that evaluates given actions, so receipts and training agree.
 """
@@ -17,28 +24,69 @@ import jax.numpy as jnp
 from flax import nnx
 
 from icml_jax.models.decoder import Decoder
+from icml_jax.models.lora import TRAINABLE, TrainableParam
 
 Array = jax.Array
 NEG = -1e30  # score of padded candidates (finite, so masked rows never produce NaN)
+CRITIC_HEADS = ("planner_critic", "trigger_critic")  # value heads: the critic learning rate
+# TRAINABLE (re-exported from models.lora) = LoRA adapters + TrainableParams: what the PPO update trains.
+
+
+class ScalarHead(nnx.Module):
+    """A zero-initialised affine map [..., H] -> [..., 1] on backbone features, trained with the adapters."""
+
+    def __init__(self, features: int):
+        self.kernel = TrainableParam(jnp.zeros((features, 1), jnp.float32))
+        self.bias = TrainableParam(jnp.zeros((1,), jnp.float32))
+
+    def __call__(self, h: Array) -> Array:
+        return h @ self.kernel[...] + self.bias[...]
+
+
+class MatchHead(nnx.Module):
+    """Context-memory interaction terms of the Trigger's option scores.
+
+    score_i += (h_0 U) . (h_i V) / sqrt(rank) compares the context (option 0, context only) with option i;
+    score_0 += h_0 . n says from the context alone whether any memory is needed. A linear head on per-option
+    features can express neither (with additive features both reduce to per-memory constants). V and n start
+    at zero (the policy starts uniform) and U random, so the bilinear term receives gradients at once.
+    """
+
+    def __init__(self, features: int, rank: int, rngs: nnx.Rngs):
+        self.rank = rank
+        scale = features**-0.5
+        self.context = TrainableParam(scale * jax.random.normal(rngs.params(), (features, rank), jnp.float32))
+        self.memory = TrainableParam(jnp.zeros((features, rank), jnp.float32))
+        self.none = TrainableParam(jnp.zeros((features,), jnp.float32))
+
+    def __call__(self, h: Array) -> Array:
+        """h [B, C, H] -> score offsets [B, C]."""
+        q = h[:, 0] @ self.context[...]
+        k = h @ self.memory[...]
+        scores = jnp.einsum("br,bcr->bc", q, k) * self.rank**-0.5
+        return scores.at[:, 0].add(h[:, 0] @ self.none[...])
 
 
 class MemoryPolicies(nnx.Module):
-    """Both agents: backbones (shared when the same object is passed twice) and four scalar heads."""
+    """Both agents: backbones (shared when the same object is passed twice), four scalar heads (actor and value
+    of each agent) and, with `match_rank > 0`, the Trigger's `MatchHead`."""
 
     def __init__(self, planner_backbone: Decoder, trigger_backbone: Decoder | None = None, *,
-                 pooling: str = "last", rngs: nnx.Rngs):
+                 pooling: str = "last", match_rank: int = 0, rngs: nnx.Rngs):
         if pooling not in ("last", "mean"):
             raise ValueError(f"pooling must be 'last' or 'mean', got {pooling!r}")
+        if match_rank < 0:
+            raise ValueError(f"match_rank must be >= 0 (0 = no bilinear Trigger term), got {match_rank}")
         self.pooling = pooling  # how a sequence's hidden states become the heads' input
         self.planner_backbone = planner_backbone
         self.trigger_backbone = planner_backbone if trigger_backbone is None else trigger_backbone
-        zeros = nnx.initializers.zeros_init()
-        head = lambda backbone: nnx.Linear(  # noqa: E731 - zero init: uniform policies and zero values at start
-            backbone.config.hidden_size, 1, kernel_init=zeros, param_dtype=jnp.float32, rngs=rngs)
-        self.planner_actor = head(self.planner_backbone)
-        self.planner_critic = head(self.planner_backbone)
-        self.trigger_actor = head(self.trigger_backbone)
-        self.trigger_critic = head(self.trigger_backbone)
+        planner_h, trigger_h = self.planner_backbone.config.hidden_size, self.trigger_backbone.config.hidden_size
+        # zero init: uniform policies and zero values at the start
+        self.planner_actor = ScalarHead(planner_h)
+        self.planner_critic = ScalarHead(planner_h)
+        self.trigger_actor = ScalarHead(trigger_h)
+        self.trigger_critic = ScalarHead(trigger_h)
+        self.trigger_match = MatchHead(trigger_h, match_rank, rngs) if match_rank else None
 
     @property
     def shared_backbone(self) -> bool:
@@ -68,6 +116,8 @@ def trigger_forward(policies: MemoryPolicies, tokens: Array, mask: Array, cand_m
                   policies.pooling)
     h = h.reshape(b, c, -1)
     scores = policies.trigger_actor(h)[..., 0]
+    if policies.trigger_match is not None:
+        scores = scores + policies.trigger_match(h)
     value = policies.trigger_critic(h[:, 0])[:, 0]  # the context-only sequence carries the state value
     return jnp.where(cand_mask, scores, NEG), value
 
@@ -132,19 +182,22 @@ def trigger_act(graphdef, state, tokens, mask, cand_mask, key, *, greedy: bool =
     return action, categorical_stats(logits, action, cand_mask, value)
 
 
+def trainable_group(path: str) -> str:
+    """'critic' for a value head's parameter, 'actor' for any other trainable one, by its '/'-joined path."""
+    return "critic" if path.split("/", 1)[0] in CRITIC_HEADS else "actor"
+
+
 def param_labels(policies: MemoryPolicies) -> nnx.State:
     """'actor' for LoRA adapters and actor heads, 'critic' for value heads, 'frozen' for backbone weights.
 
     Same structure as `nnx.state(policies, nnx.Param)`, for `optax.multi_transform`.
     """
     state = nnx.state(policies, nnx.Param)
+    is_trainable = nnx.filterlib.to_predicate(TRAINABLE)
 
     def label(path, variable) -> str:
-        names = [str(p) for p in path]
-        if names[0] in ("planner_critic", "trigger_critic"):
-            return "critic"
-        if names[0] in ("planner_actor", "trigger_actor") or isinstance(variable, nnx.LoRAParam):
-            return "actor"
-        return "frozen"
+        if not is_trainable(path, variable):
+            return "frozen"
+        return trainable_group("/".join(str(p) for p in path))
 
     return nnx.map_state(lambda path, v: v.replace(label(path, v)), state)

@@ -9,7 +9,10 @@ prompts can change freely):
 - quality_judge: when `metadata['label_needed']` is present (refs of the past turns y_t says the utterance needs;
   empty = none needed), scores depend on whether `metadata['used_ref']` (ref of the chosen memory's source turn,
   None = no memory) is one of them; otherwise a lexical heuristic of memory / utterance / reply overlap.
-Judge answers are JSON text, so callers exercise the same parsing path as with a real model.
+- synthesis_seed / synthesis_prequel / synthesis_annotate (Retrospective Session Synthesis): the storyline named
+  by `metadata` (world, seed_id, facts, storyline, num_prequels; `prequel` or `session` + `sessions`), written
+  and annotated from the persona world's templates by `icml_jax.synthesis.offline_world`.
+Judge and synthesis answers are JSON text, so callers exercise the same parsing path as with a real model.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from icml_jax.llm.jsonparse import parse_json_text
-from icml_jax.llm.prompts import QUALITY_DIMENSIONS
+from icml_jax.llm.prompts import QUALITY_DIMENSIONS, SYNTHESIS_TASKS
 from icml_jax.llm.types import (
     TASK_CONDENSE,
     TASK_PROXY_JUDGE,
@@ -212,6 +215,11 @@ class OfflineBackend:
                 )
                 reason = "lexical heuristic"
             return json.dumps({**{d: scores[d] for d in QUALITY_DIMENSIONS}, "reason": reason})
+        if request.task in SYNTHESIS_TASKS:
+            # Imported here: the synthesis package builds on this module (no import cycle at load time).
+            from icml_jax.synthesis.offline_world import answer as synthesis_answer
+
+            return synthesis_answer(request.task, md)
         if request.json_schema is not None:
             return json.dumps(_default_for_schema(request.json_schema))
         digest = hashlib.sha256(request.prompt.encode("utf-8")).hexdigest()[:8]

@@ -1,4 +1,5 @@
-"""Every prompt the back ends see (condensation, reply generation, proxy judge, quality judge), in one place.
+"""Every prompt the back ends see (condensation, reply generation, proxy judge, quality judge, and the
+Retrospective Session Synthesis writers and annotator), in one place.
 
 A dialogue is a sequence of (speaker, text) pairs, so this module does not depend on the data schema.
 Each builder returns an LLMRequest whose `metadata` carries the structured inputs (and labels, when the caller
@@ -7,6 +8,7 @@ has them) that the offline back end reads instead of parsing the prompt.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -205,3 +207,206 @@ def quality_judge_request(
         task=TASK_QUALITY_JUDGE,
         metadata=_md(base, metadata),
     )
+
+
+# --- Retrospective Session Synthesis (cold start): seed sessions, backward prequels, forward annotation. ---
+
+# Task names of the synthesis requests (real back ends ignore them; the offline back end dispatches on them).
+TASK_SYNTH_SEED = "synthesis_seed"
+TASK_SYNTH_PREQUEL = "synthesis_prequel"
+TASK_SYNTH_ANNOTATE = "synthesis_annotate"
+SYNTHESIS_TASKS: tuple[str, ...] = (TASK_SYNTH_SEED, TASK_SYNTH_PREQUEL, TASK_SYNTH_ANNOTATE)
+
+# Written sessions use two generic roles; the synthesizer maps them to the dataset's speaker labels.
+SYNTH_ROLES: tuple[str, str] = ("user", "assistant")
+
+_TURNS_SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {
+            "speaker": {"type": "string", "enum": list(SYNTH_ROLES)},
+            "text": {"type": "string"},
+        },
+        "required": ["speaker", "text"],
+    },
+}
+SYNTH_SEED_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"turns": _TURNS_SCHEMA},
+    "required": ["turns"],
+}
+SYNTH_PREQUEL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "gap_to_next": {"type": "string", "description": "time until the next session, e.g. '3 days'"},
+        "turns": _TURNS_SCHEMA,
+    },
+    "required": ["gap_to_next", "turns"],
+}
+SYNTH_ANNOTATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "labels": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "turn": {"type": "integer", "minimum": 0},
+                    "gain": {"type": "number", "minimum": 0, "maximum": 1},
+                    "needs": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "session": {"type": "integer", "minimum": 0},
+                                "turn": {"type": "integer", "minimum": 0},
+                            },
+                            "required": ["session", "turn"],
+                        },
+                    },
+                },
+                "required": ["turn", "gain", "needs"],
+            },
+        }
+    },
+    "required": ["labels"],
+}
+
+SYNTH_SYSTEM = (
+    "You write realistic multi-session conversations between one user and an AI assistant, and label them, to "
+    "train the assistant's long-term memory. You answer in JSON only."
+)
+SYNTH_SEED_INSTRUCTION = (
+    "Write one conversation session between the user and the assistant. In it the user asks for help with "
+    "everyday things whose best answer depends on the lasting constraints or preferences of the user listed "
+    "below, without restating them: the assistant is expected to remember them from earlier sessions. Add a "
+    "little small talk. Alternate user and assistant turns, starting with the user, about {turns} turns in all."
+)
+SYNTH_PREQUEL_INSTRUCTION = (
+    "Below are later sessions of the user's conversation history with the assistant (oldest first) and the "
+    "lasting constraints or preferences of the user that they rely on. Write the session that took place just "
+    "BEFORE the earliest session shown: it is prequel {number} of {total}, written backwards in time. Together "
+    "the prequels explain where these constraints or preferences come from: the session where the user first "
+    "reveals one, or an earlier state that later changes. The new session must be consistent with everything "
+    "shown: it must not mention anything that happens later and must not contradict any later session. Mix in "
+    "everyday small talk and other personal details. Alternate user and assistant turns, starting with the user, "
+    "about {turns} turns in all. Also say how much time passed between this session and the next one shown."
+)
+SYNTH_ANNOTATE_INSTRUCTION = (
+    "Walk forward through the conversation. Earlier sessions and the current session are shown with turn ids "
+    "[session.turn]. For every USER turn of the current session give:\n"
+    "- gain: the information gain of remembering this turn, from 0 to 1. 1 = it reveals specific, lasting "
+    "personal information that is new at this point (identity, family, work, health, diet, pets, strong likes "
+    "or dislikes, plans, or a change of any of these); 0 = small talk, passing moods, requests, questions, or "
+    "information already stated in an earlier turn;\n"
+    "- needs: the earlier turns (from earlier sessions or earlier in this session) that a good reply to this "
+    "turn must use, as {{\"session\": s, \"turn\": t}}; empty when none is needed. When a fact changed, point at "
+    "the turn that states its current value."
+)
+
+
+def format_session_block(index: int, gap_text: str | None, turns: Dialogue, *, ids: bool) -> str:
+    """One session as text: a header with its index and gap, then 'Speaker: text' (or '[s.t] Speaker: text')."""
+    gap = f" ({gap_text} after the previous session)" if gap_text else ""
+    lines = [f"[{index}.{t}] {speaker}: {text}" if ids else f"{speaker}: {text}" for t, (speaker, text) in
+             enumerate(turns)]
+    return f"Session {index}{gap}:\n" + ("\n".join(lines) if lines else "(empty)")
+
+
+def _facts_block(facts: Sequence[str]) -> str:
+    return "\n".join(f"- {f}" for f in facts) if facts else "- (none given: invent one plausible constraint)"
+
+
+def synthesis_seed_request(
+    facts: Sequence[str],
+    *,
+    turns: int = 8,
+    temperature: float = 0.7,
+    max_output_tokens: int = 2048,
+    metadata: Mapping[str, Any] | None = None,
+) -> LLMRequest:
+    """Ask for a seed session whose requests depend on the user's constraints/preferences `facts`."""
+    prompt = (
+        f"{SYNTH_SEED_INSTRUCTION.format(turns=turns)}\n\nThe user's constraints or preferences:\n"
+        f"{_facts_block(facts)}\n\n"
+        'Answer with a JSON object: {"turns": [{"speaker": "user" or "assistant", "text": "..."}, ...]}.'
+    )
+    return LLMRequest(
+        prompt=prompt,
+        system=SYNTH_SYSTEM,
+        json_schema=SYNTH_SEED_SCHEMA,
+        max_output_tokens=max_output_tokens,
+        temperature=temperature,
+        task=TASK_SYNTH_SEED,
+        metadata=_md({"facts": list(facts)}, metadata),
+    )
+
+
+def synthesis_prequel_request(
+    facts: Sequence[str],
+    later_sessions: Sequence[tuple[str | None, Dialogue]],
+    *,
+    number: int,
+    total: int,
+    turns: int = 8,
+    temperature: float = 0.7,
+    max_output_tokens: int = 2048,
+    metadata: Mapping[str, Any] | None = None,
+) -> LLMRequest:
+    """Ask for the session just before `later_sessions` ((gap text, dialogue) pairs, oldest first)."""
+    shown = "\n\n".join(format_session_block(i + 1, gap if i else None, d, ids=False)
+                        for i, (gap, d) in enumerate(later_sessions))
+    prompt = (
+        f"{SYNTH_PREQUEL_INSTRUCTION.format(number=number, total=total, turns=turns)}\n\n"
+        f"The user's constraints or preferences:\n{_facts_block(facts)}\n\nLater sessions (oldest first):\n{shown}\n\n"
+        'Answer with a JSON object: {"gap_to_next": "e.g. 3 days", "turns": [{"speaker": "user" or "assistant", '
+        '"text": "..."}, ...]}.'
+    )
+    return LLMRequest(
+        prompt=prompt,
+        system=SYNTH_SYSTEM,
+        json_schema=SYNTH_PREQUEL_SCHEMA,
+        max_output_tokens=max_output_tokens,
+        temperature=temperature,
+        task=TASK_SYNTH_PREQUEL,
+        metadata=_md({"facts": list(facts), "prequel": number - 1, "num_prequels": total}, metadata),
+    )
+
+
+def synthesis_annotate_request(
+    sessions: Sequence[tuple[str | None, Dialogue]],
+    current: int,
+    *,
+    max_output_tokens: int = 2048,
+    metadata: Mapping[str, Any] | None = None,
+) -> LLMRequest:
+    """Ask for gain / needs labels of the user turns of session `current`, given sessions 0..current (oldest first)."""
+    if not 0 <= current < len(sessions):
+        raise ValueError(f"synthesis_annotate_request: current session {current} not in 0..{len(sessions) - 1}")
+    earlier = "\n\n".join(format_session_block(i, gap, d, ids=True) for i, (gap, d) in enumerate(sessions[:current]))
+    gap, dialogue = sessions[current]
+    prompt = (
+        f"{SYNTH_ANNOTATE_INSTRUCTION}\n\nEarlier sessions:\n{earlier or '(none)'}\n\n"
+        f"Current session:\n{format_session_block(current, gap, dialogue, ids=True)}\n\n"
+        'Answer with a JSON object: {"labels": [{"turn": t, "gain": g, "needs": [{"session": s, "turn": t}, ...]}, '
+        "...]} with exactly one entry per user turn of the current session (t = its turn number)."
+    )
+    return LLMRequest(
+        prompt=prompt,
+        system=SYNTH_SYSTEM,
+        json_schema=SYNTH_ANNOTATE_SCHEMA,
+        max_output_tokens=max_output_tokens,
+        temperature=0.0,
+        task=TASK_SYNTH_ANNOTATE,
+        metadata=_md({"session": current, "sessions": [[list(t) for t in d] for _, d in sessions]}, metadata),
+    )
+
+
+def synthesis_retry_request(request: LLMRequest, error: str, attempt: int) -> LLMRequest:
+    """The same request again after an unusable answer, told what was wrong (`metadata['attempt']` = attempt)."""
+    prompt = (
+        f"{request.prompt}\n\nYour previous answer could not be used ({error}). Answer again with the JSON object "
+        "only, following the format exactly."
+    )
+    return dataclasses.replace(request, prompt=prompt, metadata=_md(request.metadata, {"attempt": attempt}))

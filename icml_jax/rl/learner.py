@@ -1,0 +1,470 @@
+"""The online learner (Algorithm 1): play labelled or unlabelled episodes turn by turn, reward both agents,
+send future reply quality back to past saves, and run the joint PPO update every N episodes.
+
+Per user turn: Trigger -> reply -> quality reward (Trigger) -> truth-reward propagation to the chosen memory's
+save -> Planner -> proxy reward -> miss penalty (discard) or Pending Reward Buffer (save). The agent acts on
+the turns of `user_speaker`; its history is the gold dialogue of the session so far (the evaluation
+protocol). A judge failure masks that one decision out of the update and is counted. At an update the buffer
+is finalized (the episode's user is closed: all of its sessions have been played), rewards become GAE
+advantages per agent (one trajectory per episode, rollout values), and `JointUpdater` runs the PPO epochs.
+
+Everything the run needs to resume (trainable parameters, optimizer state, buffer, RNGs, counters) is in
+`state_dict()`, as plain data and arrays, taken between updates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from icml_jax.agents.agent import AgentConfig, MemoryAgent, Receipt
+from icml_jax.agents.policy import TRAINABLE, MemoryPolicies
+from icml_jax.data.schema import Episode
+from icml_jax.llm.judges import ProxyInput, ProxyJudge, QualityInput, QualityJudge
+from icml_jax.llm.offline import OfflineBackend
+from icml_jax.llm.types import LLMBackend
+from icml_jax.memory.store import MemoryStore
+from icml_jax.models.sampler import bucket
+from icml_jax.rl.advantages import compute_advantages
+from icml_jax.rl.config import PPOConfig, RewardConfig
+from icml_jax.rl.pending import PendingRewardBuffer, SaveReward
+from icml_jax.rl.rewards import planner_reward
+from icml_jax.rl.update import JointUpdater, PlannerItem, Slot, TriggerItem, UpdateResult, collate, partition
+
+STATE_FORMAT = "icml_jax.rl.OnlineLearner"
+STATE_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+    """Knobs of the online loop; PPO and reward settings keep the paper's defaults."""
+
+    ppo: PPOConfig = PPOConfig()
+    reward: RewardConfig = RewardConfig()
+    agent: AgentConfig = dataclasses.field(default_factory=AgentConfig)
+    update_every: int = 1  # episodes per PPO update
+    seed: int = 0
+    user_speaker: str = "user"  # the agent answers the turns of this speaker
+    fresh_memory: bool = True  # wipe the user's memory when one of its episodes starts (replays start clean)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.update_every, int) or self.update_every < 1:
+            raise ValueError(f"LearnerConfig.update_every must be a positive int, got {self.update_every!r}")
+        if self.agent.greedy:
+            raise ValueError("LearnerConfig.agent.greedy must be False: PPO needs sampled decisions")
+
+
+@dataclasses.dataclass
+class SessionCounts:
+    """Label counts of one session's decisions: what planner precision / recall and trigger recall pool."""
+
+    episode_id: str
+    session: int
+    turns: int = 0  # decisions (turns the agent acted on)
+    saves: int = 0
+    correct_saves: int = 0  # saved turns with y_p True
+    gold_saves: int = 0  # turns with y_p True
+    needed: int = 0  # (turn, needed earlier turn) pairs of y_t
+    recalled: int = 0  # pairs whose needed turn was the memory the Trigger used
+
+    def add(self, other: SessionCounts) -> None:
+        """Accumulate another session's counts (pooling)."""
+        for f in ("turns", "saves", "correct_saves", "gold_saves", "needed", "recalled"):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+
+
+def pooled_metrics(counts: Iterable[SessionCounts], prefix: str = "labels") -> dict[str, float]:
+    """Planner precision / recall and trigger recall over pooled counts (NaN where a denominator is 0)."""
+    total = SessionCounts("*", -1)
+    for c in counts:
+        total.add(c)
+    ratio = lambda a, b: a / b if b else float("nan")  # noqa: E731
+    return {
+        f"{prefix}/planner_precision": ratio(total.correct_saves, total.saves),
+        f"{prefix}/planner_recall": ratio(total.correct_saves, total.gold_saves),
+        f"{prefix}/trigger_recall": ratio(total.recalled, total.needed),
+        f"{prefix}/save_rate": ratio(total.saves, total.turns),
+        f"{prefix}/needed_pairs": float(total.needed),
+    }
+
+
+def session_counts(episode: Episode, receipts: Sequence[Receipt]) -> list[SessionCounts]:
+    """Per-session label counts of an episode's decisions (same definitions as `icml_jax.data.labels`)."""
+    out = [SessionCounts(episode.episode_id, s) for s in range(len(episode.sessions))]
+    by_ref = {(r.session, r.turn): r for r in receipts}
+    for s, session in enumerate(episode.sessions):
+        c = out[s]
+        for t, turn in enumerate(session.turns):
+            receipt = by_ref.get((s, t))
+            if turn.y_p:
+                c.gold_saves += 1
+            if receipt is not None:
+                c.turns += 1
+                if receipt.planner.save:
+                    c.saves += 1
+                    c.correct_saves += bool(turn.y_p)
+            for need in turn.y_t or ():
+                c.needed += 1
+                used = receipt.memory_used if receipt is not None else None
+                if used is not None and used.ref == (episode.episode_id, need.session, need.turn):
+                    c.recalled += 1
+    return out
+
+
+@dataclasses.dataclass
+class _TurnRecord:
+    """One turn waiting for the next update: the receipt and the rewards known so far."""
+
+    receipt: Receipt
+    episode_key: int  # learner-wide episode ordinal: trajectories end at episode boundaries
+    r_qual: float | None  # None = quality judge failed (Trigger decision masked)
+    r_proxy: float | None  # None = proxy judge failed (Planner decision masked)
+    planner_reward: float | None  # discards: set at once; saves: set when the buffer finalizes them
+
+
+def _unique_backends(backends: Iterable[Any]) -> list[Any]:
+    seen, out = set(), []
+    for b in backends:
+        if b is not None and id(b) not in seen:
+            seen.add(id(b))
+            out.append(b)
+    return out
+
+
+class OnlineLearner:
+    """Algorithm 1: the memory agent plays episodes, earns rewards and is updated by joint PPO."""
+
+    def __init__(
+        self,
+        policies: MemoryPolicies,
+        tokenizer,
+        store: MemoryStore,
+        generator: LLMBackend,
+        *,
+        proxy_judge: ProxyJudge,
+        quality_judge: QualityJudge,
+        condenser: LLMBackend | None = None,
+        config: LearnerConfig | None = None,
+    ) -> None:
+        self.config = config or LearnerConfig()
+        self.policies, self.store = policies, store
+        self.proxy_judge, self.quality_judge = proxy_judge, quality_judge
+        self.agent = MemoryAgent(policies, tokenizer, store, generator, condenser=condenser,
+                                 config=dataclasses.replace(self.config.agent), seed=self.config.seed)
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        self.updater = JointUpdater(policies, self.config.ppo)
+        self.buffer = PendingRewardBuffer(self.config.reward)
+        self.rng = np.random.default_rng(self.config.seed)
+        self._backends = _unique_backends([generator, condenser, proxy_judge.backend, quality_judge.backend])
+        self._turns: list[_TurnRecord] = []
+        self._holdover: dict[str, _TurnRecord] = {}  # saves whose reward is still pending ("defer")
+        self._closed: set[str] = set()
+        self._counts: list[SessionCounts] = []  # label counts since the last update
+        self.session_log: list[SessionCounts] = []  # every session played, in order (the learning curve)
+        self.last_finalized: list[SaveReward] = []  # save rewards emitted by the last update (inspection, logs)
+        self.last_receipts: list[Receipt] = []  # the receipts of the last episode played (inspection, `/why`)
+        self.episodes_seen = 0
+        self.updates = 0
+        self.turns_seen = 0
+        self._since = self._fresh_since()
+
+    # ------------------------------------------------------------------ the turn loop
+    def _fresh_since(self) -> dict[str, Any]:
+        """Counters reset at every update: judge failures and back-end token totals."""
+        return {"proxy_failures": 0, "quality_failures": 0,
+                "tokens": sum(b.usage.total_tokens for b in self._backends), "time": time.perf_counter()}
+
+    def run_episode(self, episode: Episode, user_id: str | None = None) -> dict[str, float]:
+        """Plays every session of `episode` as one user; updates when `update_every` episodes are done.
+
+        Returns the episode's metrics, plus the update's metrics when one ran.
+        """
+        user = user_id or episode.episode_id
+        if self.config.fresh_memory:
+            self.store.delete_user(user)
+        key = self.episodes_seen
+        receipts: list[Receipt] = []
+        for s, session in enumerate(episode.sessions):
+            history: list[tuple[str, str]] = []
+            for t, turn in enumerate(session.turns):
+                if turn.speaker == self.config.user_speaker:
+                    receipts.append(self.step_turn(episode, user, s, t, history, key))
+                history.append((turn.speaker, turn.text))
+        if not receipts:
+            raise ValueError(f"episode {episode.episode_id!r} has no turn of speaker "
+                             f"{self.config.user_speaker!r} (LearnerConfig.user_speaker)")
+        self._closed.add(user)
+        self.last_receipts = receipts
+        self.episodes_seen += 1
+        counts = session_counts(episode, receipts)
+        self._counts += counts
+        self.session_log += counts
+        out = pooled_metrics(counts, "episode")
+        out["episode/turns"] = float(len(receipts))
+        if self.episodes_seen % self.config.update_every == 0:
+            out.update(self.update())
+        return out
+
+    def step_turn(self, episode: Episode, user: str, session: int, turn: int,
+                  history: Sequence[tuple[str, str]], episode_key: int | None = None) -> Receipt:
+        """One user turn of Algorithm 1; the decision waits for the next update with its rewards."""
+        item = episode.sessions[session].turns[turn]
+        ref = [episode.episode_id, session, turn]
+        hist = tuple(history)
+        reply, receipt = self.agent.step(user, item.text, history=hist, episode_id=episode.episode_id,
+                                         session=session, turn=turn)
+        used = receipt.memory_used
+        needed = None if item.y_t is None else [[episode.episode_id, r.session, r.turn] for r in item.y_t]
+        (quality,) = self.quality_judge.judge([QualityInput(
+            hist, item.text, reply, used.text if used else None, label_needed=needed,
+            used_ref=list(used.ref) if used else None)])
+        r_qual = quality.score if quality.ok else None
+        if r_qual is None:
+            self._since["quality_failures"] += 1
+        elif receipt.trigger.fragment_id is not None:  # the cross-session truth reward of the save that made it
+            self.buffer.on_trigger(user, receipt.trigger.fragment_id, r_qual, turn_ref=ref)
+
+        label = None if item.y_p is None else float(item.y_p)
+        (proxy,) = self.proxy_judge.judge([ProxyInput(item.text, hist, label=label)])
+        r_proxy = proxy.score if proxy.ok else None
+        reward = None
+        if r_proxy is None:
+            self._since["proxy_failures"] += 1
+        elif receipt.fragment is not None:
+            self.buffer.add(fragment_id=receipt.fragment.fragment_id, user_id=user,
+                            decision_id=receipt.planner.decision_id, r_proxy=r_proxy, created_ref=ref)
+        else:
+            reward = float(planner_reward(False, r_proxy, self.config.reward))
+        key = self.episodes_seen if episode_key is None else episode_key
+        self._turns.append(_TurnRecord(receipt, key, r_qual, r_proxy, reward))
+        self.turns_seen += 1
+        return receipt
+
+    # ------------------------------------------------------------------ the update
+    def update(self) -> dict[str, float]:
+        """Finalize pending rewards, compute advantages, run the joint PPO update; returns the update's metrics."""
+        start = time.perf_counter()
+        self.last_finalized = self.buffer.finalize(closed_users=self._closed)
+        finalized = {r.decision_id: r for r in self.last_finalized}
+        self._closed.clear()
+        records, self._turns = self._turns, []
+        for rec in records:
+            if rec.receipt.fragment is not None and rec.r_proxy is not None:
+                save = finalized.get(rec.receipt.planner.decision_id)
+                if save is None:
+                    self._holdover[rec.receipt.planner.decision_id] = rec
+                else:
+                    rec.planner_reward = save.reward
+        ready = [self._holdover.pop(d) for d in list(self._holdover) if d in finalized]
+        for rec in ready:
+            rec.planner_reward = finalized[rec.receipt.planner.decision_id].reward
+        slots = self._slots(records, ready)
+        size = self.config.ppo.minibatch_size
+        cuts = partition(slots, size, self.rng)  # one partition for all epochs (see rl.update)
+        minibatches = [collate(cut, size, self.pad_id) for cut in cuts]
+        logps = [self._rollout_logp(cut, size) for cut in cuts]
+        result = self.updater.run(minibatches, self.rng, logps)
+        self.updates += 1
+        self.agent.config = dataclasses.replace(self.agent.config, policy_version=str(self.updates))
+        metrics = self._metrics(records, ready, finalized, result)
+        metrics["update/decisions/planner"] = float(sum(x.planner is not None for x in slots))
+        metrics["update/decisions/trigger"] = float(sum(x.trigger is not None for x in slots))
+        metrics["update/seconds"] = time.perf_counter() - start
+        self._since = self._fresh_since()
+        self._counts = []
+        return metrics
+
+    def _slots(self, records: Sequence[_TurnRecord], ready: Sequence[_TurnRecord]) -> list[Slot]:
+        """Training slots with GAE advantages per agent (one trajectory per episode; holdovers alone)."""
+        entries = [(rec, rec.episode_key) for rec in records] + [(rec, -1 - i) for i, rec in enumerate(ready)]
+        n = len(entries)
+        n_current = len(records)  # entries after these are holdovers: Planner saves without a Trigger decision
+        adv_ret = {}
+        for agent in ("planner", "trigger"):
+            length = bucket(max(n, 1), 64)
+            rewards, values = np.zeros(length, np.float32), np.zeros(length, np.float32)
+            mask, dones = np.zeros(length, bool), np.zeros(length, bool)
+            last_of: dict[int, int] = {}
+            for i, (rec, key) in enumerate(entries):
+                if agent == "trigger":
+                    ok, r, v = i < n_current and rec.r_qual is not None, rec.r_qual, rec.receipt.trigger.value
+                else:
+                    ok, r, v = rec.planner_reward is not None, rec.planner_reward, rec.receipt.planner.value
+                if ok:
+                    rewards[i], values[i], mask[i] = r, v, True
+                    last_of[key] = i
+            dones[list(last_of.values())] = True  # the last real step of each trajectory: nothing bootstraps
+            adv, ret = compute_advantages(rewards, values, dones, mask, None, self.config.ppo)
+            adv_ret[agent] = (np.asarray(adv), np.asarray(ret), mask)
+        slots = []
+        for i, (rec, _) in enumerate(entries):
+            p_adv, p_ret, p_mask = adv_ret["planner"]
+            t_adv, t_ret, t_mask = adv_ret["trigger"]
+            pd, td = rec.receipt.planner, rec.receipt.trigger
+            p = PlannerItem(pd.tokens, pd.mask, int(pd.save), float(p_adv[i]), float(p_ret[i]), pd.logp) \
+                if p_mask[i] else None
+            t = TriggerItem(td.tokens, td.mask, td.cand_mask, td.action, float(t_adv[i]), float(t_ret[i]), td.logp) \
+                if t_mask[i] else None
+            if p is not None or t is not None:
+                slots.append(Slot(p, t))
+        return slots
+
+    @staticmethod
+    def _rollout_logp(cut: Sequence[Slot], size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rollout log-probs of a minibatch's rows (0 for absent decisions), for the drift diagnostic."""
+        p, t = np.zeros(size, np.float32), np.zeros(size, np.float32)
+        for i, slot in enumerate(cut):
+            p[i] = slot.planner.rollout_logp if slot.planner is not None else 0.0
+            t[i] = slot.trigger.rollout_logp if slot.trigger is not None else 0.0
+        return p, t
+
+    def _metrics(self, records: Sequence[_TurnRecord], ready: Sequence[_TurnRecord],
+                 finalized: Mapping[str, SaveReward], result: UpdateResult) -> dict[str, float]:
+        """The plain metrics dict of one update (rewards, PPO, judges, tokens, labels)."""
+        mean = lambda xs: float(np.mean(xs)) if len(xs) else float("nan")  # noqa: E731
+        planned = [r for r in list(records) + list(ready) if r.planner_reward is not None]
+        saves = [r.planner_reward for r in planned if r.receipt.fragment is not None]
+        discards = [r.planner_reward for r in planned if r.receipt.fragment is None]
+        trig = [r.r_qual for r in records if r.r_qual is not None]
+        triggered = [s for s in finalized.values() if s.triggered]
+        tokens = sum(b.usage.total_tokens for b in self._backends) - self._since["tokens"]
+        out = {
+            "rewards/trigger": mean(trig),
+            "rewards/planner": mean([r.planner_reward for r in planned]),
+            "rewards/planner_save": mean(saves),
+            "rewards/planner_discard": mean(discards),
+            "rewards/truth_triggered_saves": float(len(triggered)),
+            "rewards/truth_bonus": mean([s.reward - s.r_proxy + self.config.reward.save_cost for s in triggered]),
+            "agent/save_rate": mean([float(r.receipt.planner.save) for r in records]),
+            "agent/memory_use_rate": mean([float(r.receipt.trigger.action > 0) for r in records]),
+            "agent/turns": float(len(records)),
+            "judge/proxy_failures": float(self._since["proxy_failures"]),
+            "judge/quality_failures": float(self._since["quality_failures"]),
+            "llm/tokens": float(tokens),
+            "buffer/waiting": float(len(self.buffer)),
+            "buffer/holdover": float(len(self._holdover)),
+            "update/index": float(self.updates),
+            "update/total_skipped_steps": float(int(self.updater.num_skipped)),
+            "update/programs": float(len(result.shapes)),
+            "update/wall_since_last": time.perf_counter() - self._since["time"],
+        }
+        out.update(result.metrics("update"))
+        if any(c.needed or c.gold_saves for c in self._counts):
+            out.update(pooled_metrics(self._counts, "labels"))
+        return out
+
+    # ------------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        """Everything to resume between updates: trainable params, optimizer, buffer, RNGs, counters."""
+        if self._turns or self._holdover:
+            raise RuntimeError(
+                f"OnlineLearner.state_dict: {len(self._turns)} turn(s) wait for an update and "
+                f"{len(self._holdover)} save(s) for their reward; checkpoint right after an update")
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "params": _flat_arrays(nnx.state(self.policies, TRAINABLE)),
+            "rest": _flat_arrays(nnx.state(self.policies, nnx.Not(nnx.Param))),
+            "optimizer": jax.device_get(self.updater.state_dict()),  # host copies: the live state is donated
+            "buffer": self.buffer.state_dict(),
+            "agent_key": np.asarray(jax.random.key_data(self.agent.key)),
+            "rng": self.rng.bit_generator.state,
+            "counters": {"episodes_seen": self.episodes_seen, "updates": self.updates,
+                         "turns_seen": self.turns_seen, "closed_users": sorted(self._closed)},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores `state_dict()` output into this learner (same architecture and config)."""
+        if state.get("format") != STATE_FORMAT or state.get("version") != STATE_VERSION:
+            raise ValueError(f"OnlineLearner.load_state_dict: not a {STATE_FORMAT} v{STATE_VERSION} state")
+        targets = {name: nnx.state(self.policies, filt) for name, filt in (("params", TRAINABLE),
+                                                                           ("rest", nnx.Not(nnx.Param)))}
+        for name, target in targets.items():  # check everything before changing anything
+            _restore_flat(target, state[name], f"OnlineLearner.load_state_dict: {name}", check_only=True)
+        for name, target in targets.items():
+            _restore_flat(target, state[name], f"OnlineLearner.load_state_dict: {name}")
+            nnx.update(self.policies, target)
+        self.updater.load_state_dict(state["optimizer"])
+        self.buffer = PendingRewardBuffer.from_state_dict(state["buffer"], self.config.reward)
+        self.agent.key = jax.random.wrap_key_data(jnp.asarray(state["agent_key"]))
+        self.rng = np.random.default_rng()
+        self.rng.bit_generator.state = state["rng"]
+        c = state["counters"]
+        self.episodes_seen, self.updates, self.turns_seen = c["episodes_seen"], c["updates"], c["turns_seen"]
+        self._closed = set(c["closed_users"])
+        self.agent.config = dataclasses.replace(self.agent.config, policy_version=str(self.updates))
+
+
+def _flat_arrays(state: nnx.State) -> dict[str, np.ndarray]:
+    """{'a/b/c': host array} of a state; typed PRNG keys (LoRA dropout streams) as their raw uint32 data."""
+    out = {}
+    for path, var in nnx.to_flat_state(state):
+        value = var.get_value()
+        if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+            value = jax.random.key_data(value)
+        out["/".join(map(str, path))] = np.asarray(jax.device_get(value))
+    return out
+
+
+def _restore_flat(state: nnx.State, arrays: Mapping[str, Any], where: str, *, check_only: bool = False) -> None:
+    """Writes `_flat_arrays` output back into the variables of `state`; raises naming any mismatch first."""
+    flat = {"/".join(map(str, p)): v for p, v in nnx.to_flat_state(state)}
+    missing, unexpected = sorted(set(flat) - set(arrays)), sorted(set(arrays) - set(flat))
+    bad = [k for k in flat if k in arrays and np.shape(arrays[k]) != np.shape(
+        jax.random.key_data(flat[k].get_value()) if _is_key(flat[k].get_value()) else flat[k].get_value())]
+    if missing or unexpected or bad:
+        raise ValueError(f"{where}: missing {missing[:5]}, unexpected {unexpected[:5]}, mis-shaped {bad[:5]} "
+                         "(another backbone, LoRA or head configuration?)")
+    if check_only:
+        return
+    for key, var in flat.items():
+        current = var.get_value()
+        if _is_key(current):
+            var.set_value(jax.random.wrap_key_data(jnp.asarray(arrays[key]), impl=jax.random.key_impl(current)))
+        else:
+            var.set_value(jnp.asarray(arrays[key], dtype=current.dtype))
+
+
+def _is_key(x: Any) -> bool:
+    return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def evaluate(
+    policies: MemoryPolicies,
+    tokenizer,
+    episodes: Sequence[Episode],
+    *,
+    agent_config: AgentConfig | None = None,
+    backend: LLMBackend | None = None,
+    user_speaker: str = "user",
+    greedy: bool = False,
+    seed: int = 0,
+) -> list[SessionCounts]:
+    """Per-session label counts of the policies on labelled episodes, fresh memory per episode, no learning.
+
+    `greedy=False` samples decisions as the online agent does (seeded: the same `seed` gives the same draws
+    for the same probabilities); `greedy=True` takes the most likely ones.
+    """
+    cfg = dataclasses.replace(agent_config or AgentConfig(), greedy=greedy)
+    backend = backend or OfflineBackend()
+    out: list[SessionCounts] = []
+    with MemoryStore() as store:
+        agent = MemoryAgent(policies, tokenizer, store, backend, config=cfg, seed=seed)
+        for episode in episodes:
+            receipts = []
+            for s, session in enumerate(episode.sessions):
+                history: list[tuple[str, str]] = []
+                for t, turn in enumerate(session.turns):
+                    if turn.speaker == user_speaker:
+                        receipts.append(agent.step(episode.episode_id, turn.text, history=tuple(history),
+                                                   episode_id=episode.episode_id, session=s, turn=t)[1])
+                    history.append((turn.speaker, turn.text))
+            out += session_counts(episode, receipts)
+    return out

@@ -1,0 +1,390 @@
+"""The joint PPO update of the Planner and the Trigger: one jitted step per minibatch, several epochs.
+
+A minibatch holds `minibatch_size` turn slots; each slot carries one Planner and one Trigger decision, each
+with its own `valid` flag (a judge failure masks one agent's decision only; padding slots mask both). Token
+arrays are re-padded to the largest bucket of the slot members (extra *left* padding changes nothing: positions
+come from the mask), and a short last minibatch is filled with invalid slots, so step shapes stay on the
+observation buckets and the number of compilations is small and countable (`ppo_step._cache_size()`).
+
+Old log-probabilities and values: the minibatch partition is fixed for the whole update. In epoch 0 each step
+uses `old = stop_gradient(new)` from its own training forward (ratio exactly 1, clip fraction exactly 0) and
+returns those numbers; later epochs feed them back as the old statistics. They therefore match the training
+forward bit for bit (same program, same dropout mask in epoch 0). The anchor of minibatch k is the policy after
+k steps of epoch 0 rather than the rollout policy; `rollout_logp_gap` in the metrics measures how far apart
+the two are (float noise plus that drift plus LoRA dropout).
+
+The step: `params` (the TRAINABLE state: adapters and heads), `frozen` (backbone weights, passed in, never
+closed over) and `rest` (RNG state of LoRA dropout) go in; the optimizer state is donated; a non-finite loss or
+gradient leaves parameters and optimizer state untouched and is counted (`rl.optim.guarded_apply`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from icml_jax.agents.policy import TRAINABLE, MemoryPolicies, planner_evaluate, trainable_group, trigger_evaluate
+from icml_jax.rl.config import PPOConfig
+from icml_jax.rl.losses import combine_agent_losses, masked_mean, ppo_loss
+from icml_jax.rl.optim import guarded_apply, label_params, make_optimizer
+
+Array = jax.Array
+AGENTS = ("planner", "trigger")
+
+
+class PlannerBatch(NamedTuple):
+    """Planner rows of a minibatch: observation tokens/mask [M, L], action (1 = save), targets, validity."""
+
+    tokens: Array  # [M, L] int32
+    mask: Array  # [M, L] bool
+    actions: Array  # [M] int32
+    advantages: Array  # [M] float32
+    returns: Array  # [M] float32
+    valid: Array  # [M] bool
+
+
+class TriggerBatch(NamedTuple):
+    """Trigger rows of a minibatch: option tokens/mask [M, C, L], cand_mask [M, C], chosen option, targets."""
+
+    tokens: Array  # [M, C, L] int32
+    mask: Array  # [M, C, L] bool
+    cand_mask: Array  # [M, C] bool
+    actions: Array  # [M] int32
+    advantages: Array  # [M] float32
+    returns: Array  # [M] float32
+    valid: Array  # [M] bool
+
+
+class Minibatch(NamedTuple):
+    """One joint minibatch: M slots of (Planner decision, Trigger decision)."""
+
+    planner: PlannerBatch
+    trigger: TriggerBatch
+
+
+class OldStats(NamedTuple):
+    """Log-probabilities and values of the taken actions under the anchoring policy, per agent, [M] each."""
+
+    planner_logp: Array
+    planner_value: Array
+    trigger_logp: Array
+    trigger_value: Array
+
+    @staticmethod
+    def zeros(size: int) -> OldStats:
+        """Placeholders for epoch 0 (where the step computes the real ones), on device like the step's outputs."""
+        z = jnp.zeros((size,), jnp.float32)
+        return OldStats(z, z, z, z)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """Static description of the step (hashable): the train-mode graph of the policies and the PPO settings.
+
+    Equal specs (same architecture, same config) share compiled programs, e.g. across seeds in one process.
+    """
+
+    graphdef: Any  # nnx.GraphDef of MemoryPolicies in train mode (LoRA dropout on)
+    config: PPOConfig
+
+
+def step_config(config: PPOConfig) -> PPOConfig:
+    """The config with the fields the step never reads (GAE, whitening, epochs, minibatch size) at their defaults,
+    so that runs differing only in those share one compiled step."""
+    d = PPOConfig()
+    return dataclasses.replace(config, gamma=d.gamma, gae_lambda=d.gae_lambda, whiten=d.whiten, epochs=1,
+                               minibatch_size=1)
+
+
+@functools.lru_cache(maxsize=None)
+def joint_optimizer(config: PPOConfig) -> optax.GradientTransformation:
+    """The optimizer of the TRAINABLE state: actor lr for adapters and policy heads, critic lr for value heads.
+
+    Cached per config so that equal configs give the identical transformation (and one compiled step).
+    """
+    return make_optimizer(config, lambda params: label_params(params, trainable_group))
+
+
+def joint_loss(
+    policies: MemoryPolicies, batch: Minibatch, old: OldStats, first_epoch: Array, config: PPOConfig
+) -> tuple[Array, tuple[dict[str, Array], OldStats]]:
+    """Planner + Trigger PPO loss of one minibatch, its metrics, and the old statistics to keep.
+
+    With `first_epoch` true the old statistics are the (stop-gradient) new ones, so the ratio is exactly 1.
+    """
+    p, t = batch.planner, batch.trigger
+    ps = planner_evaluate(policies, p.tokens, p.mask, p.actions)
+    ts = trigger_evaluate(policies, t.tokens, t.mask, t.cand_mask, t.actions)
+    sg = jax.lax.stop_gradient
+    pick = lambda new, given: jnp.where(first_epoch, sg(new), given)  # noqa: E731
+    anchor = OldStats(pick(ps.logp, old.planner_logp), pick(ps.value, old.planner_value),
+                      pick(ts.logp, old.trigger_logp), pick(ts.value, old.trigger_value))
+    per_agent = {
+        "planner": ppo_loss(ps.logp, anchor.planner_logp, p.advantages, p.returns, ps.value, anchor.planner_value,
+                            ps.entropy, p.valid, config),
+        "trigger": ppo_loss(ts.logp, anchor.trigger_logp, t.advantages, t.returns, ts.value, anchor.trigger_value,
+                            ts.entropy, t.valid, config),
+    }
+    loss, metrics = combine_agent_losses(per_agent)
+    for agent, new_logp, old_logp, valid in (("planner", ps.logp, anchor.planner_logp, p.valid),
+                                             ("trigger", ts.logp, anchor.trigger_logp, t.valid)):
+        dev = jnp.where(valid, jnp.abs(jnp.exp(sg(new_logp) - old_logp) - 1.0), 0.0)
+        metrics[f"{agent}/ratio_max_dev"] = jnp.max(dev)
+    metrics["trigger/memory_prob"] = masked_mean(1.0 - sg(ts.probs[:, 0]), t.valid)  # p(use some memory)
+    metrics["planner/save_prob"] = masked_mean(sg(ps.probs), p.valid)
+    return loss, (metrics, anchor)
+
+
+@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("opt_state",))
+def ppo_step(
+    spec: StepSpec,
+    params: nnx.State,
+    frozen: nnx.State,
+    rest: nnx.State,
+    opt_state: optax.OptState,
+    num_skipped: Array,
+    batch: Minibatch,
+    old: OldStats,
+    first_epoch: Array,
+) -> tuple[nnx.State, optax.OptState, nnx.State, Array, OldStats, dict[str, Array]]:
+    """One guarded optimizer step on one minibatch; returns (params, opt_state, rest, num_skipped, old, metrics)."""
+
+    def loss_fn(trainable):
+        # Fresh Variables for the RNG state at this trace level: LoRA dropout advances its counter in place,
+        # and flax forbids mutating a Variable created at the outer (jit) level from inside the grad trace.
+        local_rest = jax.tree.map(lambda x: x, rest)
+        model = nnx.merge(spec.graphdef, trainable, frozen, local_rest)
+        loss, (metrics, anchor) = joint_loss(model, batch, old, first_epoch, spec.config)
+        return loss, (metrics, anchor, nnx.state(model, nnx.Not(nnx.Param)))
+
+    (loss, (metrics, anchor, new_rest)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    step = guarded_apply(joint_optimizer(spec.config), loss, grads, params, opt_state, num_skipped)
+    metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
+    return step.params, step.opt_state, new_rest, step.num_skipped, anchor, metrics
+
+
+# ----------------------------------------------------------------------------------------------- host side
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannerItem:
+    """One Planner decision ready for training (arrays exactly as scored in the rollout)."""
+
+    tokens: np.ndarray  # [L]
+    mask: np.ndarray  # [L]
+    action: int
+    advantage: float
+    ret: float
+    rollout_logp: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TriggerItem:
+    """One Trigger decision ready for training."""
+
+    tokens: np.ndarray  # [C, L]
+    mask: np.ndarray  # [C, L]
+    cand_mask: np.ndarray  # [C]
+    action: int
+    advantage: float
+    ret: float
+    rollout_logp: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """One turn slot of a joint minibatch; either decision may be absent (masked out)."""
+
+    planner: PlannerItem | None
+    trigger: TriggerItem | None
+
+
+def _left_pad(x: np.ndarray, length: int, fill: Any) -> np.ndarray:
+    """Pads the last axis of x on the left to `length`."""
+    extra = length - x.shape[-1]
+    if extra < 0:
+        raise ValueError(f"cannot left-pad length {x.shape[-1]} to {length}")
+    return np.pad(x, [(0, 0)] * (x.ndim - 1) + [(extra, 0)], constant_values=fill)
+
+
+def _dummy_row(shape: tuple[int, ...], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens/mask of an invalid row: one real (pad) token at the end, so every computation stays finite."""
+    tokens = np.full(shape, pad_id, np.int32)
+    mask = np.zeros(shape, bool)
+    mask[..., -1] = True
+    return tokens, mask
+
+
+def collate(slots: Sequence[Slot], size: int, pad_id: int = 0) -> Minibatch:
+    """Stacks up to `size` slots into one Minibatch, re-padding to the largest member bucket; short = invalid rows."""
+    if not 0 < len(slots) <= size:
+        raise ValueError(f"collate: need 1..{size} slots, got {len(slots)}")
+    p_items = [s.planner for s in slots if s.planner is not None]
+    t_items = [s.trigger for s in slots if s.trigger is not None]
+    lp = max((it.tokens.shape[-1] for it in p_items), default=1)
+    ct = max((it.tokens.shape[0] for it in t_items), default=1)
+    lt = max((it.tokens.shape[-1] for it in t_items), default=1)
+
+    p_tok, p_mask = _dummy_row((size, lp), pad_id)
+    p_act, p_adv, p_ret = np.zeros(size, np.int32), np.zeros(size, np.float32), np.zeros(size, np.float32)
+    p_valid = np.zeros(size, bool)
+    t_tok, t_mask = _dummy_row((size, ct, lt), pad_id)
+    t_cand = np.zeros((size, ct), bool)
+    t_cand[:, 0] = True
+    t_act, t_adv, t_ret = np.zeros(size, np.int32), np.zeros(size, np.float32), np.zeros(size, np.float32)
+    t_valid = np.zeros(size, bool)
+    for i, slot in enumerate(slots):
+        if (it := slot.planner) is not None:
+            p_tok[i] = _left_pad(it.tokens, lp, pad_id)
+            p_mask[i] = _left_pad(it.mask, lp, False)
+            p_act[i], p_adv[i], p_ret[i], p_valid[i] = it.action, it.advantage, it.ret, True
+        if (it := slot.trigger) is not None:
+            c = it.tokens.shape[0]
+            t_tok[i, :c] = _left_pad(it.tokens, lt, pad_id)
+            t_mask[i, :c] = _left_pad(it.mask, lt, False)
+            t_cand[i] = False
+            t_cand[i, :c] = it.cand_mask
+            t_act[i], t_adv[i], t_ret[i], t_valid[i] = it.action, it.advantage, it.ret, True
+    return Minibatch(PlannerBatch(p_tok, p_mask, p_act, p_adv, p_ret, p_valid),
+                     TriggerBatch(t_tok, t_mask, t_cand, t_act, t_adv, t_ret, t_valid))
+
+
+def minibatch_shape(batch: Minibatch) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes that decide which compiled step runs: (planner tokens, trigger tokens)."""
+    return tuple(batch.planner.tokens.shape), tuple(batch.trigger.tokens.shape)
+
+
+def partition(slots: Sequence[Slot], size: int, rng: np.random.Generator) -> list[list[Slot]]:
+    """Shuffles the slots once and cuts them into groups of `size` (the partition every epoch of an update reuses)."""
+    order = rng.permutation(len(slots))
+    return [[slots[j] for j in order[i: i + size]] for i in range(0, len(slots), size)]
+
+
+@dataclasses.dataclass
+class UpdateResult:
+    """What one joint update did: per-epoch mean metrics, skipped steps, the programs it ran."""
+
+    epochs: list[dict[str, float]]
+    steps: int
+    skipped: int
+    shapes: set[tuple[tuple[int, ...], tuple[int, ...]]]
+    rollout_logp_gap: dict[str, float]
+
+    def metrics(self, prefix: str = "update") -> dict[str, float]:
+        """Flat metrics: means over all steps, first- and last-epoch clip fraction / KL / ratio deviation."""
+        out: dict[str, float] = {f"{prefix}/steps": float(self.steps), f"{prefix}/skipped_steps": float(self.skipped),
+                                 f"{prefix}/epochs": float(len(self.epochs))}
+        if not self.epochs:
+            return out
+        keys = self.epochs[0].keys()
+        for k in keys:
+            out[f"{prefix}/{k}"] = float(np.mean([e[k] for e in self.epochs]))
+        for name, epoch in (("first_epoch", self.epochs[0]), ("last_epoch", self.epochs[-1])):
+            for agent in AGENTS:
+                for k in ("clip_fraction", "approx_kl", "ratio_max_dev"):
+                    out[f"{prefix}/{name}/{agent}/{k}"] = epoch[f"{agent}/{k}"]
+        for agent, gap in self.rollout_logp_gap.items():
+            out[f"{prefix}/{agent}/rollout_logp_gap"] = gap
+        return out
+
+
+class JointUpdater:
+    """Owns the optimizer state of the TRAINABLE part of `policies` and runs PPO epochs over minibatches.
+
+    The policies are left in eval mode (LoRA dropout off, for rollouts); the step uses the train-mode graph.
+    """
+
+    def __init__(self, policies: MemoryPolicies, config: PPOConfig) -> None:
+        self.policies, self.config = policies, config
+        policies.train()
+        try:
+            graphdef = nnx.graphdef(policies)
+        finally:
+            policies.eval()
+        self.spec = StepSpec(graphdef, step_config(config))
+        self.tx = joint_optimizer(self.spec.config)
+        self.opt_state = self.tx.init(nnx.state(policies, TRAINABLE))
+        self.num_skipped = jnp.zeros((), jnp.int32)
+        self.num_steps = 0
+
+    def split(self) -> tuple[nnx.State, nnx.State, nnx.State]:
+        """(trainable, frozen, rest) states of the policies, in the order the step takes them."""
+        _, trainable, frozen, rest = nnx.split(self.policies, TRAINABLE, nnx.Param, ...)
+        return trainable, frozen, rest
+
+    def run(self, minibatches: Sequence[Minibatch], rng: np.random.Generator,
+            rollout_logp: Sequence[tuple[np.ndarray, np.ndarray]] | None = None, *,
+            epochs: int | None = None) -> UpdateResult:
+        """`epochs` (default `config.epochs`) passes over the fixed partition, minibatch order reshuffled after
+        epoch 0; then the new parameters are written back into the policies.
+
+        `rollout_logp[k]` = (planner, trigger) log-probs of minibatch k's rows as the rollout sampled them; used
+        only for the `rollout_logp_gap` diagnostic (max |recomputed - rollout| over valid rows in epoch 0).
+        """
+        if not minibatches:
+            return UpdateResult([], 0, 0, set(), {})
+        epochs = self.config.epochs if epochs is None else epochs
+        params, frozen, rest = self.split()
+        minibatches = [jax.device_put(mb) for mb in minibatches]  # one transfer for all epochs
+        skipped_before = int(self.num_skipped)
+        olds: list[OldStats | None] = [None] * len(minibatches)
+        per_epoch, shapes = [], set()
+        for epoch in range(epochs):
+            order = range(len(minibatches)) if epoch == 0 else rng.permutation(len(minibatches))
+            per_step = []
+            for k in order:
+                batch = minibatches[k]
+                shapes.add(minibatch_shape(batch))
+                first = olds[k] is None
+                old = OldStats.zeros(len(batch.planner.valid)) if first else olds[k]
+                params, self.opt_state, rest, self.num_skipped, anchor, metrics = ppo_step(
+                    self.spec, params, frozen, rest, self.opt_state, self.num_skipped, batch, old,
+                    jnp.asarray(first))
+                if first:
+                    olds[k] = anchor
+                per_step.append(metrics)
+                self.num_steps += 1
+            host = jax.device_get(per_step)
+            per_epoch.append({key: float(np.mean([m[key] for m in host])) for key in host[0]})
+        nnx.update(self.policies, params, rest)
+        gap = {a: 0.0 for a in AGENTS}
+        for k, anchor in enumerate(olds if rollout_logp is not None else ()):
+            batch = minibatches[k]
+            for agent, recomputed, given, valid in (
+                ("planner", anchor.planner_logp, rollout_logp[k][0], batch.planner.valid),
+                ("trigger", anchor.trigger_logp, rollout_logp[k][1], batch.trigger.valid),
+            ):
+                diff = np.abs(np.asarray(recomputed) - given)[np.asarray(valid)]
+                gap[agent] = max(gap[agent], float(diff.max(initial=0.0)))
+        skipped = int(self.num_skipped) - skipped_before
+        return UpdateResult(per_epoch, len(minibatches) * epochs, skipped, shapes, gap)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer state as a flat list of arrays (its structure comes from the live optimizer on restore, so a
+        checkpointer sees plain arrays) plus the step counters."""
+        return {"opt_state": jax.tree.leaves(self.opt_state), "num_skipped": self.num_skipped,
+                "num_steps": self.num_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores what `state_dict` returned; the leaves must match this optimizer's state one for one."""
+        expected = jax.tree.leaves(self.opt_state)
+        got = list(state["opt_state"])
+        bad = [i for i, (e, g) in enumerate(zip(expected, got)) if np.shape(e) != np.shape(g)]
+        if len(got) != len(expected) or bad:
+            raise ValueError(
+                f"JointUpdater.load_state_dict: optimizer state has {len(got)} arrays, expected {len(expected)}"
+                + (f"; shape mismatch at leaves {bad[:5]} (e.g. {np.shape(got[bad[0]])} vs "
+                   f"{np.shape(expected[bad[0]])})" if bad else "")
+                + " (another backbone, LoRA or head configuration?)")
+        leaves = [jnp.asarray(g, dtype=e.dtype) for e, g in zip(expected, got)]
+        self.opt_state = jax.tree.unflatten(jax.tree.structure(self.opt_state), leaves)
+        self.num_skipped = jnp.asarray(state["num_skipped"], jnp.int32)
+        self.num_steps = int(state["num_steps"])

@@ -1,0 +1,147 @@
+"""Retrospective Session Synthesis: the cold-start expert data for the supervised warm-up of both policies.
+
+`synthesize(config, backend, out_dir)` draws seeds, has the back end write each seed session and its prequel
+storylines backwards, annotates them forwards (y_p from information gain, y_t dependencies), builds Trigger
+examples with hard and soft negatives, and writes everything as ArrayRecord files with a manifest. It works with
+every back end: Gemini, the local model, and the offline one (persona-world templates, no network).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+
+from icml_jax.llm.types import LLMBackend
+from icml_jax.synthesis import dataset
+from icml_jax.synthesis.config import OfflineWorldConfig, SynthesisConfig, default_config
+from icml_jax.synthesis.dataset import ExpertData, load_expert_data, read_manifest
+from icml_jax.synthesis.examples import (
+    Candidate,
+    PlannerExample,
+    TriggerExample,
+    example_stats,
+    planner_examples,
+    trigger_examples,
+)
+from icml_jax.synthesis.offline_world import StorylineKey, ground_truth, seed_session, storyline_sessions
+from icml_jax.synthesis.parsing import MalformedOutput
+from icml_jax.synthesis.seeds import SeedSpec, make_seeds, split_seeds
+from icml_jax.synthesis.storylines import Rejection, RequestStats, SynthesisResult, synthesize_episodes
+
+
+def describe_backend(backend: LLMBackend) -> dict[str, Any]:
+    """Back-end name and model for the manifest (Gemini: its model id; local: the backbone family and size)."""
+    model = None
+    config = getattr(backend, "config", None)
+    if config is not None and getattr(config, "model", None):
+        model = str(config.model)
+    elif getattr(backend, "model", None) is not None and hasattr(backend.model, "config"):
+        c = backend.model.config
+        model = f"{getattr(c, 'family', '?')} (hidden {getattr(c, 'hidden_size', '?')}, " \
+                f"{getattr(c, 'num_layers', '?')} layers)"
+    return {"name": backend.name, "model": model}
+
+
+def _count(episodes: Any, user_speaker: str) -> dict[str, int]:
+    turns = [t for e in episodes for s in e.sessions for t in s.turns]
+    user = [t for t in turns if t.speaker == user_speaker]
+    return {
+        "episodes": len(episodes),
+        "sessions": sum(len(e.sessions) for e in episodes),
+        "turns": len(turns),
+        "user_turns": len(user),
+        "y_p_true": sum(bool(t.y_p) for t in user),
+        "turns_with_y_t": sum(bool(t.y_t) for t in user),
+    }
+
+
+def synthesize(config: SynthesisConfig | ml_collections.ConfigDict | dict, backend: LLMBackend,
+               out_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Runs the synthesis with `backend` and writes the expert dataset to `out_dir`; returns the manifest."""
+    if not isinstance(config, SynthesisConfig):
+        config = SynthesisConfig.from_config(config)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    usage_before = backend.usage
+    seeds = make_seeds(config)
+    train_ids, held_ids = split_seeds(seeds, config.heldout_fraction, config.seed)
+    result = synthesize_episodes(config, backend, seeds)
+    user = config.world.user_speaker
+    held = set(held_ids)
+    splits = {
+        "train": [e for e in result.episodes if e.meta["seed_id"] not in held],
+        "heldout": [e for e in result.episodes if e.meta["seed_id"] in held],
+    }
+    files, counts = {}, {}
+    for split, episodes in splits.items():
+        examples = trigger_examples(episodes, user_speaker=user, hard_negatives=config.hard_negatives,
+                                    soft_negatives=config.soft_negatives,
+                                    none_per_episode=config.none_examples_per_episode, seed=config.seed)
+        files[dataset.episodes_path(out, split).name] = dataset.write_records(
+            dataset.episodes_path(out, split), [e.to_json() for e in episodes])
+        files[dataset.trigger_path(out, split).name] = dataset.write_records(
+            dataset.trigger_path(out, split), [x.to_json() for x in examples])
+        counts[split] = {**_count(episodes, user), "trigger": example_stats(examples)}
+    rejected_seeds = sorted({r.seed_id for r in result.rejections if r.storyline is None})
+    manifest = {
+        "format_version": dataset.FORMAT_VERSION,
+        "created_by": "icml_jax.synthesis",
+        "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "backend": describe_backend(backend),
+        "config": config.to_dict(),
+        "seeds": [s.to_dict() for s in seeds],
+        "split_seed_ids": {"train": train_ids, "heldout": held_ids},
+        "counts": {
+            "seeds": len(seeds),
+            "seeds_rejected": len(rejected_seeds),
+            "storylines_requested": len(seeds) * config.storylines_per_seed,
+            "storylines_accepted": len(result.episodes),
+            "storylines_rejected": len(seeds) * config.storylines_per_seed - len(result.episodes),
+            "rejected_outputs": len(result.rejections),
+            "malformed_answers": result.stats.malformed,
+            **{split: c for split, c in counts.items()},
+        },
+        "requests": result.stats.to_dict(),
+        "usage": dataclasses.asdict(backend.usage - usage_before),
+        "rejections": [r.to_dict() for r in result.rejections],
+        "files": files,
+    }
+    (out / dataset.MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
+                                        encoding="utf-8")
+    return manifest
+
+
+__all__ = [
+    "Candidate",
+    "ExpertData",
+    "MalformedOutput",
+    "OfflineWorldConfig",
+    "PlannerExample",
+    "Rejection",
+    "RequestStats",
+    "SeedSpec",
+    "StorylineKey",
+    "SynthesisConfig",
+    "SynthesisResult",
+    "TriggerExample",
+    "default_config",
+    "describe_backend",
+    "example_stats",
+    "ground_truth",
+    "load_expert_data",
+    "make_seeds",
+    "planner_examples",
+    "read_manifest",
+    "seed_session",
+    "split_seeds",
+    "storyline_sessions",
+    "synthesize",
+    "synthesize_episodes",
+    "trigger_examples",
+]

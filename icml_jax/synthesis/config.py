@@ -1,0 +1,138 @@
+"""Knobs of Retrospective Session Synthesis (paper defaults: 3 storylines x 4 prequels, about 250 episodes)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+
+from icml_jax.data import persona_world
+from icml_jax.data.persona_world import PersonaWorldConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class OfflineWorldConfig:
+    """How the offline back end writes storylines from the persona world's templates (ignored by real models).
+
+    Attributes:
+      distractor_facts: other lasting facts per storyline, stated in prequels but not needed by the seed.
+      update_prob: chance that a seed fact first had another value and changed in a later prequel.
+      prequel_query_prob: chance that a prequel (from the second on) asks something an earlier one answers.
+    """
+
+    distractor_facts: int = 2
+    update_prob: float = 0.3
+    prequel_query_prob: float = 0.5
+
+    def __post_init__(self) -> None:
+        """Rejects probabilities outside [0, 1] and negative counts, naming the field."""
+        for name in ("update_prob", "prequel_query_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"OfflineWorldConfig.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.distractor_facts < 0:
+            raise ValueError(f"OfflineWorldConfig.distractor_facts must be >= 0, got {self.distractor_facts}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SynthesisConfig:
+    """What to synthesize and how hard to try.
+
+    Attributes:
+      seed: base seed (seed constraints, the held-out split, negative sampling).
+      num_seeds: seed sessions; each gives `storylines_per_seed` episodes (84 x 3 = 252, the paper's ~250).
+      storylines_per_seed / prequels_per_storyline: the paper's 3 and 4.
+      facts_per_seed: lasting constraints/preferences a seed session depends on (drawn from the world's vocabulary).
+      seeds_file: optional JSONL of seeds ({"seed_id", "facts": [...], "session": optional Session dict}) used
+        instead of drawing constraints; a given session skips the seed-writing request.
+      turns_per_session: how many turns the writers are asked for; max_turns_per_session: longer answers are
+        malformed.
+      max_attempts: tries per request (first + re-asks) before the storyline is skipped and counted.
+      batch_size: requests per back-end call.
+      temperature / max_output_tokens: for the writers (the annotator always uses temperature 0).
+      save_threshold: y_p = (annotated information gain >= save_threshold).
+      hard_negatives / soft_negatives: Trigger negatives per example: other turns of the positive's session /
+        memories of storylines of other seeds.
+      none_examples_per_episode: seed-session turns that need no memory, added as Trigger examples with target
+        "none".
+      heldout_fraction: share of seeds (all their storylines) kept out of training for the warm-up's metrics.
+      world: the persona world whose vocabulary and speaker labels are used (and whose templates the offline
+        back end writes with).
+      offline: how the offline back end composes storylines.
+    """
+
+    seed: int = 0
+    num_seeds: int = 84
+    storylines_per_seed: int = 3
+    prequels_per_storyline: int = 4
+    facts_per_seed: int = 1
+    seeds_file: str | None = None
+    turns_per_session: int = 8
+    max_turns_per_session: int = 40
+    max_attempts: int = 2
+    batch_size: int = 32
+    temperature: float = 0.7
+    max_output_tokens: int = 2048
+    save_threshold: float = 0.5
+    hard_negatives: int = 3
+    soft_negatives: int = 3
+    none_examples_per_episode: int = 1
+    heldout_fraction: float = 0.2
+    world: PersonaWorldConfig = dataclasses.field(default_factory=PersonaWorldConfig)
+    offline: OfflineWorldConfig = dataclasses.field(default_factory=OfflineWorldConfig)
+
+    def __post_init__(self) -> None:
+        """Rejects settings that cannot produce a labelled storyline, naming the field."""
+        for name in ("num_seeds", "storylines_per_seed", "prequels_per_storyline", "facts_per_seed",
+                     "turns_per_session", "max_turns_per_session", "max_attempts", "batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"SynthesisConfig.{name} must be a positive int, got {value!r}")
+        for name in ("hard_negatives", "soft_negatives", "none_examples_per_episode"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"SynthesisConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.heldout_fraction < 1.0:
+            raise ValueError(f"SynthesisConfig.heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
+        if not 0.0 < self.save_threshold <= 1.0:
+            raise ValueError(f"SynthesisConfig.save_threshold must be in (0, 1], got {self.save_threshold}")
+        if self.facts_per_seed > len(self.world.fact_kinds):
+            raise ValueError(f"SynthesisConfig.facts_per_seed={self.facts_per_seed} exceeds the world's "
+                             f"{len(self.world.fact_kinds)} fact kinds")
+
+    @property
+    def num_storylines(self) -> int:
+        """Storylines (= episodes) requested."""
+        return self.num_seeds * self.storylines_per_seed
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any] | ml_collections.ConfigDict | None = None,
+                    **overrides: Any) -> SynthesisConfig:
+        """From a ConfigDict / mapping (e.g. `config.synthesis`) plus overrides; unknown keys are an error."""
+        d = cfg.to_dict() if isinstance(cfg, ml_collections.ConfigDict) else dict(cfg or {})
+        d.update(overrides)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"SynthesisConfig: unknown key(s) {unknown}; known: {sorted(known)}")
+        if isinstance(d.get("world"), (Mapping, ml_collections.ConfigDict)):
+            d["world"] = PersonaWorldConfig.from_config(d["world"])
+        if isinstance(d.get("offline"), (Mapping, ml_collections.ConfigDict)):
+            d["offline"] = OfflineWorldConfig(**dict(d["offline"]))
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe dict (for the manifest)."""
+        d = dataclasses.asdict(self)
+        d["world"]["fact_kinds"] = list(self.world.fact_kinds)
+        return d
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """The `synthesis` config block with the paper's defaults (for configs/*.py)."""
+    d = dataclasses.asdict(SynthesisConfig())
+    d.pop("world")
+    cfg = ml_collections.ConfigDict(d)
+    cfg.seeds_file = ml_collections.config_dict.placeholder(str)
+    cfg.world = persona_world.default_config()
+    return cfg

@@ -1,0 +1,282 @@
+"""Backward storyline generation and forward dependency annotation, batched over storylines, with re-asks.
+
+Backward: every seed gets a seed session (written by the back end unless the seed brings one); every storyline
+then grows one prequel per round, newest first, each request showing the seed and all prequels written so far,
+so a prequel must stay consistent with everything later. Forward: each storyline is walked oldest session first
+and every user turn is labelled with its information gain (y_p = gain >= threshold) and the earlier turns it
+needs (y_t). One round = one batched pass over all live storylines. An unusable answer is re-asked (told why) up
+to `max_attempts` tries; then the storyline (or, for a seed session, all its storylines) is dropped and recorded
+as a Rejection. Back-end failures (BackendError) are not malformed output: they propagate and stop the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+from absl import logging
+
+from icml_jax.data import timegap
+from icml_jax.data.schema import Episode, Session, Turn
+from icml_jax.llm import prompts
+from icml_jax.llm.types import LLMBackend, LLMRequest, LLMResponse
+from icml_jax.synthesis.config import SynthesisConfig
+from icml_jax.synthesis.offline_world import StorylineKey
+from icml_jax.synthesis.parsing import MalformedOutput, TurnLabel, WrittenSession, parse_labels, parse_session
+from icml_jax.synthesis.seeds import SeedSpec
+
+T = TypeVar("T")
+DATASET = "synthesis"
+RAW_CHARS = 400  # how much of a rejected answer the manifest keeps
+
+
+@dataclasses.dataclass
+class RequestStats:
+    """What asking cost: distinct requests, back-end calls (batches), tries, re-asks and malformed answers."""
+
+    requests: int = 0
+    calls: int = 0
+    attempts: int = 0
+    reasks: int = 0
+    malformed: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        """Plain dict (for the manifest)."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejection:
+    """A storyline (or a seed's storylines) dropped after its last try: where, why and what the model said."""
+
+    seed_id: str
+    storyline: int | None  # None: the seed session failed, so every storyline of the seed is dropped
+    stage: str  # "seed", "prequel_<k>" (k-th written backwards), "annotate_<s>" (session s in time order)
+    attempts: int
+    errors: tuple[str, ...]
+    raw: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict (for the manifest)."""
+        return {**dataclasses.asdict(self), "errors": list(self.errors)}
+
+
+@dataclasses.dataclass
+class Outcome(Generic[T]):
+    """One request's fate: the parsed value (None if every try failed), tries made, errors, last raw answer."""
+
+    value: T | None = None
+    attempts: int = 0
+    errors: list[str] = dataclasses.field(default_factory=list)
+    raw: str = ""
+
+
+def ask(
+    backend: LLMBackend,
+    requests: Sequence[LLMRequest],
+    parse: Callable[[int, LLMResponse], T],
+    *,
+    max_attempts: int,
+    batch_size: int,
+    stats: RequestStats,
+) -> list[Outcome[T]]:
+    """Sends `requests` in batches, parses each answer with `parse(i, response)`, re-asks the malformed ones."""
+    outcomes: list[Outcome[T]] = [Outcome() for _ in requests]
+    pending = list(range(len(requests)))
+    stats.requests += len(requests)
+    for attempt in range(1, max_attempts + 1):
+        if not pending:
+            break
+        batch = [requests[i] if attempt == 1 else
+                 prompts.synthesis_retry_request(requests[i], outcomes[i].errors[-1], attempt) for i in pending]
+        responses: list[LLMResponse] = []
+        for start in range(0, len(batch), batch_size):
+            chunk = batch[start:start + batch_size]
+            answers = backend.generate(chunk)
+            stats.calls += 1
+            if len(answers) != len(chunk):
+                raise RuntimeError(f"{backend.name} back end returned {len(answers)} answers for {len(chunk)} requests")
+            responses.extend(answers)
+        stats.attempts += len(batch)
+        stats.reasks += len(batch) if attempt > 1 else 0
+        still = []
+        for i, response in zip(pending, responses, strict=True):
+            out = outcomes[i]
+            out.attempts, out.raw = attempt, response.text or ""
+            try:
+                out.value = parse(i, response)
+            except MalformedOutput as e:
+                stats.malformed += 1
+                out.errors.append(str(e))
+                still.append(i)
+        pending = still
+    return outcomes
+
+
+@dataclasses.dataclass
+class Storyline:
+    """A storyline being built: its seed, index, sessions (oldest first, seed last) and, later, their labels."""
+
+    seed: SeedSpec
+    index: int
+    sessions: list[WrittenSession]
+    labels: list[dict[int, TurnLabel]] = dataclasses.field(default_factory=list)
+
+    def key(self, config: SynthesisConfig) -> StorylineKey:
+        """The hints the offline back end reads for this storyline."""
+        return StorylineKey(config.world, config.offline, self.seed.seed_id, self.seed.facts, self.index,
+                            config.prequels_per_storyline)
+
+    def dialogues(self, upto: int | None = None) -> list[tuple[str | None, list[tuple[str, str]]]]:
+        """(gap since the previous session, [(speaker, text)]) of sessions 0..upto-1 (all by default)."""
+        out = []
+        for i, w in enumerate(self.sessions[:upto]):
+            gap = self.sessions[i - 1].gap_to_next if i else None
+            out.append((gap, [(t.speaker, t.text) for t in w.session.turns]))
+        return out
+
+
+def _rejection(seed_id: str, storyline: int | None, stage: str, outcome: Outcome[Any]) -> Rejection:
+    logging.warning("synthesis: dropping seed %s storyline %s at %s after %d tries: %s", seed_id, storyline, stage,
+                    outcome.attempts, outcome.errors[-1] if outcome.errors else "?")
+    return Rejection(seed_id, storyline, stage, outcome.attempts, tuple(outcome.errors), outcome.raw[:RAW_CHARS])
+
+
+def write_seed_sessions(backend: LLMBackend, seeds: Sequence[SeedSpec], config: SynthesisConfig,
+                        stats: RequestStats, rejections: list[Rejection]) -> list[SeedSpec]:
+    """Seeds with their session: given ones as they are, the rest written by the back end; failures rejected."""
+    todo = [s for s in seeds if s.session is None]
+    world = config.world
+    requests = [
+        prompts.synthesis_seed_request(
+            s.facts, turns=config.turns_per_session, temperature=config.temperature,
+            max_output_tokens=config.max_output_tokens,
+            metadata=StorylineKey(world, config.offline, s.seed_id, s.facts, 0,
+                                  config.prequels_per_storyline).to_metadata())
+        for s in todo
+    ]
+    parse = lambda i, r: parse_session(r, user_speaker=world.user_speaker,  # noqa: E731
+                                       assistant_speaker=world.assistant_speaker,
+                                       max_turns=config.max_turns_per_session, want_gap=False)
+    outcomes = ask(backend, requests, parse, max_attempts=config.max_attempts, batch_size=config.batch_size,
+                   stats=stats)
+    written = {}
+    for seed, out in zip(todo, outcomes, strict=True):
+        if out.value is None:
+            rejections.append(_rejection(seed.seed_id, None, "seed", out))
+        else:
+            written[seed.seed_id] = dataclasses.replace(seed, session=out.value.session)
+    return [s if s.session is not None else written[s.seed_id] for s in seeds
+            if s.session is not None or s.seed_id in written]
+
+
+def write_prequels(backend: LLMBackend, storylines: list[Storyline], config: SynthesisConfig,
+                   stats: RequestStats, rejections: list[Rejection]) -> list[Storyline]:
+    """Grows every storyline backwards by `prequels_per_storyline` sessions; returns the ones that made it."""
+    world, P = config.world, config.prequels_per_storyline
+    alive = storylines
+    for k in range(P):
+        requests = [
+            prompts.synthesis_prequel_request(
+                st.seed.facts, st.dialogues(), number=k + 1, total=P, turns=config.turns_per_session,
+                temperature=config.temperature, max_output_tokens=config.max_output_tokens,
+                metadata=st.key(config).to_metadata())
+            for st in alive
+        ]
+        parse = lambda i, r: parse_session(r, user_speaker=world.user_speaker,  # noqa: E731
+                                           assistant_speaker=world.assistant_speaker,
+                                           max_turns=config.max_turns_per_session, want_gap=True)
+        outcomes = ask(backend, requests, parse, max_attempts=config.max_attempts, batch_size=config.batch_size,
+                       stats=stats)
+        survivors = []
+        for st, out in zip(alive, outcomes, strict=True):
+            if out.value is None:
+                rejections.append(_rejection(st.seed.seed_id, st.index, f"prequel_{k}", out))
+            else:
+                st.sessions.insert(0, out.value)
+                survivors.append(st)
+        alive = survivors
+    return alive
+
+
+def _parse_labels(sessions: list[list[Session]], current: int, user_speaker: str, i: int,
+                  response: LLMResponse) -> dict[int, TurnLabel]:
+    """parse_labels for request i of an annotation round."""
+    return parse_labels(response, sessions[i], current, user_speaker=user_speaker)
+
+
+def annotate(backend: LLMBackend, storylines: list[Storyline], config: SynthesisConfig,
+             stats: RequestStats, rejections: list[Rejection]) -> list[Storyline]:
+    """Labels every user turn of every session, oldest session first; returns the storylines fully labelled."""
+    alive = storylines
+    num_sessions = config.prequels_per_storyline + 1
+    for s in range(num_sessions):
+        requests = [
+            prompts.synthesis_annotate_request(st.dialogues(), s, max_output_tokens=config.max_output_tokens,
+                                               metadata=st.key(config).to_metadata())
+            for st in alive
+        ]
+        parse = functools.partial(_parse_labels, [[w.session for w in st.sessions] for st in alive], s,
+                                  config.world.user_speaker)
+        outcomes = ask(backend, requests, parse, max_attempts=config.max_attempts, batch_size=config.batch_size,
+                       stats=stats)
+        survivors = []
+        for st, out in zip(alive, outcomes, strict=True):
+            if out.value is None:
+                rejections.append(_rejection(st.seed.seed_id, st.index, f"annotate_{s}", out))
+            else:
+                st.labels.append(out.value)
+                survivors.append(st)
+        alive = survivors
+    return alive
+
+
+def to_episode(st: Storyline, config: SynthesisConfig, backend_name: str) -> Episode:
+    """The labelled Episode of a finished storyline (assistant turns: y_p False, y_t ())."""
+    sessions = []
+    last = len(st.sessions) - 1
+    for si, (written, labels) in enumerate(zip(st.sessions, st.labels, strict=True)):
+        turns = []
+        for ti, turn in enumerate(written.session.turns):
+            label = labels.get(ti)
+            if label is None:
+                turns.append(Turn(turn.speaker, turn.text, y_p=False, y_t=()))
+            else:
+                turns.append(Turn(turn.speaker, turn.text, y_p=label.gain >= config.save_threshold,
+                                  y_t=label.needs, meta={"gain": label.gain}))
+        gap = st.sessions[si - 1].gap_to_next if si else None
+        sessions.append(Session(tuple(turns), timegap.gap_seconds(gap), gap,
+                                meta={"role": "seed" if si == last else "prequel"}))
+    return Episode(
+        dataset=DATASET,
+        episode_id=f"{st.seed.seed_id}/story{st.index}",
+        sessions=tuple(sessions),
+        personas={config.world.user_speaker: st.seed.facts},
+        meta={"seed_id": st.seed.seed_id, "storyline": st.index, "facts": list(st.seed.facts),
+              "seed_session": last, "backend": backend_name},
+    ).validate()
+
+
+@dataclasses.dataclass(frozen=True)
+class SynthesisResult:
+    """Episodes in seed / storyline order, what was dropped, and what asking cost."""
+
+    episodes: tuple[Episode, ...]
+    rejections: tuple[Rejection, ...]
+    stats: RequestStats
+
+
+def synthesize_episodes(config: SynthesisConfig, backend: LLMBackend, seeds: Sequence[SeedSpec]) -> SynthesisResult:
+    """Seeds -> seed sessions -> storylines written backwards -> annotated forwards -> labelled Episodes."""
+    stats, rejections = RequestStats(), []
+    ready = write_seed_sessions(backend, seeds, config, stats, rejections)
+    storylines = [Storyline(seed, j, [WrittenSession(seed.session, None)])
+                  for seed in ready for j in range(config.storylines_per_seed)]
+    storylines = write_prequels(backend, storylines, config, stats, rejections)
+    storylines = annotate(backend, storylines, config, stats, rejections)
+    episodes = tuple(to_episode(st, config, backend.name) for st in storylines)
+    logging.info("synthesis: %d episodes from %d seeds, %d rejections, %s", len(episodes), len(seeds),
+                 len(rejections), stats)
+    return SynthesisResult(episodes, tuple(rejections), stats)

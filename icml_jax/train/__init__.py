@@ -1,0 +1,24 @@
+"""Training outside the online loop: the supervised warm-up on synthesized expert data, and its checkpoint."""
+
+from icml_jax.train.checkpoint import WARMUP_TRAINABLE, load_warmup, read_warmup_metadata, save_warmup
+from icml_jax.train.supervised import (
+    WarmupConfig,
+    WarmupResult,
+    default_config,
+    encode_data,
+    evaluate,
+    warmup,
+)
+
+__all__ = [
+    "WARMUP_TRAINABLE",
+    "WarmupConfig",
+    "WarmupResult",
+    "default_config",
+    "encode_data",
+    "evaluate",
+    "load_warmup",
+    "read_warmup_metadata",
+    "save_warmup",
+    "warmup",
+]

@@ -1,0 +1,193 @@
+"""The online learner (Algorithm 1): truth rewards across sessions of one user and never across users, judge
+failures masked and counted, exact recomputation of rollout log-probabilities, metrics, checkpoint round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from icml_jax.agents import agent as agent_module
+from icml_jax.agents.agent import AgentConfig
+from icml_jax.agents.policy import TRAINABLE
+from icml_jax.data.labels import planner_precision_recall, trigger_recall
+from icml_jax.data.persona_world import generate_episodes
+from icml_jax.data.schema import Episode, Session, Turn, TurnRef
+from icml_jax.llm.judges import ProxyJudge, QualityJudge
+from icml_jax.llm.offline import OfflineBackend
+from icml_jax.llm.types import TASK_PROXY_JUDGE, TASK_QUALITY_JUDGE, LLMResponse
+from icml_jax.memory.store import MemoryStore
+from icml_jax.rl import LearnerConfig, OnlineLearner, PPOConfig, RewardConfig, session_counts, ppo_step
+from icml_jax.rl.persona_run import PersonaRunConfig, build_learner, learning_observation, learning_world
+from tests.rl.conftest import randomize_trainable
+
+RUN = PersonaRunConfig()  # the learning test's model and PPO settings: compiled programs are shared with it
+NURSE, TIRED, WEEK = "I work as a nurse.", "I'm a bit tired today.", "How should I plan my week around work?"
+
+
+def two_session_episode(episode_id: str) -> Episode:
+    """Session 0 states a fact; session 1 asks what needs it, then chats."""
+    return Episode("test", episode_id, (
+        Session((Turn("user", NURSE, y_p=True, y_t=()),)),
+        Session((Turn("user", WEEK, y_p=False, y_t=(TurnRef(0, 0),)), Turn("user", TIRED, y_p=False, y_t=()))),
+    ))
+
+
+def test_truth_reward_flows_across_sessions_of_one_user_never_across_users(tmp_path, monkeypatch):
+    """Forced policy: save every turn, use the newest memory. Two users with identical dialogues, one update."""
+    real_planner, real_trigger = agent_module.planner_act, agent_module.trigger_act
+
+    def always_save(graphdef, state, tokens, mask, key, *, greedy=False):
+        action, stats = real_planner(graphdef, state, tokens, mask, key, greedy=greedy)
+        return jnp.ones_like(action), stats
+
+    def newest_memory(graphdef, state, tokens, mask, cand_mask, key, *, greedy=False):
+        _, stats = real_trigger(graphdef, state, tokens, mask, cand_mask, key, greedy=greedy)
+        return jnp.asarray(np.asarray(cand_mask).sum(-1) - 1, jnp.int32), stats
+
+    monkeypatch.setattr(agent_module, "planner_act", always_save)
+    monkeypatch.setattr(agent_module, "trigger_act", newest_memory)
+    learner, _ = build_learner(dataclasses.replace(RUN, update_every=2), tmp_path)
+    learner.run_episode(two_session_episode("A"))
+    receipts_a = learner.last_receipts
+    out = learner.run_episode(two_session_episode("B"))
+    receipts_b = learner.last_receipts
+
+    own = {u: {f.fragment_id for f in learner.store.fragments(u)} for u in ("A", "B")}
+    assert len(own["A"]) == len(own["B"]) == 3 and not own["A"] & own["B"]
+    for user, receipts in (("A", receipts_a), ("B", receipts_b)):
+        for r in receipts:
+            assert set(r.trigger.candidate_ids) <= own[user]  # a user's Trigger only ever sees its own memories
+        assert [r.trigger.fragment_id is not None for r in receipts] == [False, True, True]
+    cost, lam = RUN.reward.save_cost, RUN.reward.truth_lambda
+    rewards = {s.decision_id: s for s in learner.last_finalized}
+    assert len(rewards) == 6
+    for user in ("A", "B"):
+        nurse = rewards[f"{user}/{user}/0/0/planner"]  # saved in session 0, used by the query of session 1
+        assert nurse.user_id == user and nurse.triggered and nurse.r_qual_future == pytest.approx(0.9)
+        assert nurse.reward == pytest.approx(1.0 - cost + lam * 0.9)
+        week = rewards[f"{user}/{user}/1/0/planner"]  # used by the chit-chat after it: a poor use of a memory
+        assert week.triggered and week.reward == pytest.approx(0.0 - cost + lam * 0.55)
+        tired = rewards[f"{user}/{user}/1/1/planner"]
+        assert not tired.triggered and tired.reward == pytest.approx(-cost)
+    stats = learner.buffer.stats
+    assert stats["triggers_assigned"] == 4 and stats["triggers_user_mismatch"] == 0 and len(learner.buffer) == 0
+    assert out["rewards/truth_triggered_saves"] == 4.0
+    assert out["rewards/truth_bonus"] == pytest.approx(lam * (0.9 + 0.55) / 2)
+
+
+class Flaky:
+    """The offline back end, except for unusable judge answers on chosen turns."""
+
+    name = "flaky"
+
+    def __init__(self, fail_quality: str, fail_proxy: str) -> None:
+        self.inner, self.fail_quality, self.fail_proxy = OfflineBackend(), fail_quality, fail_proxy
+
+    @property
+    def usage(self):
+        return self.inner.usage
+
+    def close(self) -> None:
+        pass
+
+    def generate(self, requests):
+        out = []
+        for request, response in zip(requests, self.inner.generate(requests), strict=True):
+            md = request.metadata
+            bad = ((request.task == TASK_QUALITY_JUDGE and self.fail_quality in md.get("utterance", ""))
+                   or (request.task == TASK_PROXY_JUDGE and self.fail_proxy in md.get("turn_text", "")))
+            out.append(LLMResponse(text="no json here", parse_error="not JSON") if bad else response)
+        return out
+
+
+def test_judge_failures_are_masked_and_counted_and_rollout_logps_are_recomputed_exactly(tmp_path):
+    """lr 0: the update's recomputed log-probs equal the rollout's; failed judgements leave their decision out."""
+    base, tokenizer = build_learner(RUN, tmp_path)
+    randomize_trainable(base.policies, seed=4)  # non-uniform policies, so the log-prob check means something
+    episode = generate_episodes(learning_world(), 1, start_index=77)[0]
+    user_turns = [t for s in episode.sessions for t in s.turns if t.speaker == "user"]
+    flaky = Flaky(fail_quality="?", fail_proxy=user_turns[0].text)
+    config = LearnerConfig(ppo=dataclasses.replace(RUN.ppo, actor_lr=0.0, critic_lr=0.0), reward=RUN.reward,
+                           agent=AgentConfig(observation=learning_observation()), seed=3)
+    learner = OnlineLearner(base.policies, tokenizer, MemoryStore(), OfflineBackend(), proxy_judge=ProxyJudge(flaky),
+                            quality_judge=QualityJudge(flaky), config=config)
+    before = jax.tree.map(np.array, nnx.to_pure_dict(nnx.state(base.policies, TRAINABLE)))
+    out = learner.run_episode(episode)
+
+    q_fail = sum("?" in t.text for t in user_turns)
+    p_fail = sum(user_turns[0].text in t.text for t in user_turns)
+    assert q_fail and p_fail
+    assert out["judge/quality_failures"] == q_fail and out["judge/proxy_failures"] == p_fail
+    assert out["update/decisions/trigger"] == len(user_turns) - q_fail
+    assert out["update/decisions/planner"] == len(user_turns) - p_fail
+    for agent in ("planner", "trigger"):
+        assert out[f"update/{agent}/rollout_logp_gap"] < 1e-5  # teacher-forced recomputation = rollout numbers
+        assert out[f"update/first_epoch/{agent}/clip_fraction"] == 0.0
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.array, nnx.to_pure_dict(
+        nnx.state(base.policies, TRAINABLE))), before)
+    assert out["update/programs"] == 1 and ppo_step._cache_size() >= 1
+    for key in ("rewards/trigger", "rewards/planner", "update/loss", "update/planner/policy_loss",
+                "update/trigger/value_loss", "update/last_epoch/trigger/clip_fraction",
+                "update/last_epoch/planner/approx_kl", "update/trigger/entropy", "agent/save_rate",
+                "update/skipped_steps", "update/total_skipped_steps", "llm/tokens", "labels/planner_precision",
+                "labels/planner_recall", "labels/trigger_recall"):
+        assert key in out and not np.isnan(out[key]), key
+    assert out["llm/tokens"] > 0
+    # the learner's label counts agree with icml_jax.data.labels on the same decisions
+    receipts = learner.last_receipts
+    saved = [TurnRef(r.session, r.turn) for r in receipts if r.planner.save]
+    used = {TurnRef(r.session, r.turn): [TurnRef(r.memory_used.session, r.memory_used.turn)]
+            for r in receipts if r.memory_used is not None}
+    precision, recall = planner_precision_recall(episode, saved)
+    counts = session_counts(episode, receipts)
+    assert sum(c.correct_saves for c in counts) / max(1, sum(c.saves for c in counts)) == pytest.approx(
+        precision if saved else 0.0)
+    assert sum(c.correct_saves for c in counts) / sum(c.gold_saves for c in counts) == pytest.approx(recall)
+    assert sum(c.recalled for c in counts) / sum(c.needed for c in counts) == pytest.approx(
+        trigger_recall(episode, used))
+
+
+def test_state_dict_round_trip_resumes_bit_for_bit(lora_kit, persona_tokenizer):
+    """LoRA (dropout on): a learner restored from a checkpoint continues exactly like the original."""
+    config = LearnerConfig(ppo=PPOConfig(actor_lr=1e-3, critic_lr=1e-2, epochs=2, minibatch_size=4),
+                           reward=RewardConfig(save_cost=0.5), agent=AgentConfig(observation=learning_observation()),
+                           seed=5)
+
+    def make(policies, seed):
+        backend = OfflineBackend()
+        return OnlineLearner(policies, persona_tokenizer, MemoryStore(), backend, proxy_judge=ProxyJudge(backend),
+                             quality_judge=QualityJudge(backend), config=dataclasses.replace(config, seed=seed))
+
+    first, second = generate_episodes(learning_world(), 2, start_index=200)
+    original, restored = make(lora_kit.clone(), 5), make(lora_kit.clone(), 6)
+    original.run_episode(first)
+    state = original.state_dict()
+    assert state["counters"]["updates"] == 1 and state["rest"]  # dropout RNG state travels with the checkpoint
+    first_key = next(iter(state["params"]))
+    with pytest.raises(ValueError, match=f"params: missing \\['{first_key}'\\]"):
+        restored.load_state_dict(dict(state, params={k: v for k, v in state["params"].items() if k != first_key}))
+    restored.load_state_dict(state)
+    out_a, out_b = original.run_episode(second), restored.run_episode(second)
+    timing = ("update/seconds", "update/wall_since_last", "llm/tokens")
+    assert {k: v for k, v in out_a.items() if k not in timing} == pytest.approx(
+        {k: v for k, v in out_b.items() if k not in timing}, nan_ok=True)
+    a, b = original.state_dict(), restored.state_dict()
+    jax.tree.map(np.testing.assert_array_equal, a["params"], b["params"])
+    jax.tree.map(np.testing.assert_array_equal, a["optimizer"], b["optimizer"])
+    assert a["buffer"] == b["buffer"] and a["rng"] == b["rng"] and a["counters"] == b["counters"]
+    np.testing.assert_array_equal(a["agent_key"], b["agent_key"])
+    original.step_turn(second, second.episode_id, 0, 0, [])
+    with pytest.raises(RuntimeError, match="checkpoint right after an update"):
+        original.state_dict()
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="update_every"):
+        LearnerConfig(update_every=0)
+    with pytest.raises(ValueError, match="greedy"):
+        LearnerConfig(agent=AgentConfig(greedy=True))

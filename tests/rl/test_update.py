@@ -1,0 +1,145 @@
+"""The jitted joint PPO update on real policies (tiny LoRA backbone): exact first-epoch ratio, what the
+gradients reach, the learning rate of each group, the non-finite guard, bucket padding, compilations."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from icml_jax.agents.policy import TRAINABLE, MemoryPolicies, planner_evaluate, trainable_group, trigger_evaluate
+from icml_jax.models.decoder import Decoder
+from icml_jax.models.lora import FROZEN
+from icml_jax.rl import JointUpdater, PPOConfig, Slot, collate, ppo_step
+from icml_jax.rl.persona_run import tiny_model_config
+from tests.rl.conftest import randomize_trainable, random_items
+
+ACTOR_LR, CRITIC_LR = 1e-3, 1e-2  # a factor 10 apart, so a mix-up cannot pass
+CFG = PPOConfig(actor_lr=ACTOR_LR, critic_lr=CRITIC_LR, epochs=3, minibatch_size=4)
+
+
+def minibatches(vocab: int, sizes=(4, 3), seed: int = 0, short: bool = False):
+    """Collated minibatches of the given slot counts (a short one is padded with invalid rows)."""
+    items = random_items(sum(sizes), vocab, seed=seed, short=short)
+    out, i = [], 0
+    for n in sizes:
+        out.append(collate([Slot(p, t) for p, t in items[i: i + n]], 4))
+        i += n
+    return out
+
+
+def flat(state) -> dict[str, np.ndarray]:
+    return {"/".join(map(str, p)): np.array(v.get_value()) for p, v in nnx.to_flat_state(state)}
+
+
+def test_first_epoch_ratio_is_exactly_one_even_with_lora_dropout(lora_kit):
+    policies = lora_kit.clone()
+    updater = JointUpdater(policies, CFG)
+    rng_before = flat(nnx.state(policies, nnx.RngCount))
+    result = updater.run(minibatches(lora_kit.vocab), np.random.default_rng(0))
+    assert result.steps == 2 * CFG.epochs and result.skipped == 0
+    first, later = result.epochs[0], result.epochs[1:]
+    for agent in ("planner", "trigger"):
+        assert first[f"{agent}/ratio_max_dev"] == 0.0  # bit for bit: old = the training forward itself
+        assert first[f"{agent}/clip_fraction"] == 0.0 and first[f"{agent}/approx_kl"] == 0.0
+        assert max(e[f"{agent}/ratio_max_dev"] for e in later) > 1e-4  # the policy moved after epoch 0
+    metrics = result.metrics()
+    assert metrics["update/first_epoch/trigger/clip_fraction"] == 0.0
+    for key in ("update/loss", "update/planner/policy_loss", "update/trigger/value_loss", "update/planner/entropy",
+                "update/last_epoch/trigger/approx_kl", "update/grad_norm", "update/skipped_steps"):
+        assert np.isfinite(metrics[key]), key
+    # LoRA dropout drew random numbers in the training forward; the policies are back in eval mode (rollouts).
+    rng_after = flat(nnx.state(policies, nnx.RngCount))
+    assert rng_after and all(rng_after[k] > rng_before[k] for k in rng_after)
+    assert all(getattr(m, "deterministic", True) for _, m in nnx.iter_modules(policies))
+
+
+def test_gradients_reach_only_adapters_and_heads_with_the_right_learning_rate(lora_kit):
+    policies = lora_kit.clone()
+    updater = JointUpdater(policies, CFG)
+    frozen_before, trainable_before = flat(nnx.state(policies, FROZEN)), flat(nnx.state(policies, TRAINABLE))
+    assert any("lora" in k for k in trainable_before) and any(k.startswith("trigger_match") for k in trainable_before)
+    assert not set(frozen_before) & set(trainable_before)
+    # one step: Adam's first update is lr * sign(grad) for every element with a gradient
+    updater.run(minibatches(lora_kit.vocab, sizes=(4,)), np.random.default_rng(0), epochs=1)
+
+    frozen_after, trainable_after = flat(nnx.state(policies, FROZEN)), flat(nnx.state(policies, TRAINABLE))
+    for key, value in frozen_before.items():
+        np.testing.assert_array_equal(frozen_after[key], value, err_msg=f"frozen {key} changed")
+    groups = set()
+    for key, value in trainable_before.items():
+        lr = CRITIC_LR if trainable_group(key) == "critic" else ACTOR_LR
+        groups.add((trainable_group(key), "lora" in key))
+        step = np.abs(trainable_after[key] - value)
+        assert step.max() <= lr * 1.001, f"{key} moved {step.max()} > lr {lr}"
+        if key == "trigger_actor/bias":  # one offset on every option's score: the softmax ignores it (no gradient)
+            continue
+        moved_by_lr = np.isclose(step, lr, rtol=1e-2)
+        assert moved_by_lr.mean() > 0.5, f"{key}: only {moved_by_lr.mean():.0%} of its elements moved by lr {lr}"
+    assert groups == {("actor", True), ("actor", False), ("critic", False)}
+
+
+def test_nonfinite_loss_skips_the_step_and_is_counted(lora_kit):
+    policies = lora_kit.clone()
+    updater = JointUpdater(policies, CFG)
+    bad = minibatches(lora_kit.vocab, sizes=(4,))[0]
+    bad = bad._replace(planner=bad.planner._replace(advantages=np.full(4, np.nan, np.float32)))
+    before = flat(nnx.state(policies, TRAINABLE))
+    opt_before = jax.tree.map(np.array, updater.opt_state)
+    result = updater.run([bad], np.random.default_rng(0))
+    assert result.skipped == result.steps == CFG.epochs and int(updater.num_skipped) == CFG.epochs
+    after = flat(nnx.state(policies, TRAINABLE))
+    for key in before:
+        np.testing.assert_array_equal(after[key], before[key])
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.array, updater.opt_state), opt_before)
+    good = updater.run(minibatches(lora_kit.vocab, sizes=(4,), seed=1), np.random.default_rng(0))
+    assert good.skipped == 0 and int(updater.num_skipped) == CFG.epochs
+    assert all(np.isfinite(v).all() for v in flat(nnx.state(policies, TRAINABLE)).values())
+
+
+def heads_only(vocab: int) -> MemoryPolicies:
+    """Policies without LoRA on a fresh tiny backbone (eager forwards are fast; graphs of equal configs match)."""
+    policies = MemoryPolicies(Decoder(tiny_model_config(vocab, hidden=32, layers=1), rngs=nnx.Rngs(0)),
+                              pooling="mean", match_rank=4, rngs=nnx.Rngs(0))
+    randomize_trainable(policies, seed=3)
+    return policies
+
+
+def test_repadding_to_a_larger_bucket_changes_nothing(persona_tokenizer):
+    """A short item (length 32, 4 candidates) collated with a long one is left-padded to 64 / 8: same numbers."""
+    vocab = len(persona_tokenizer)
+    policies = heads_only(vocab)
+    (small_p, small_t), = random_items(1, vocab, seed=5, short=True)
+    (big_p, big_t), = random_items(1, vocab, seed=6)
+    batch = collate([Slot(small_p, small_t), Slot(big_p, big_t)], 4)
+    assert batch.planner.tokens.shape == (4, 64) and batch.trigger.tokens.shape == (4, 8, 64)
+    assert batch.planner.valid.tolist() == [True, True, False, False]
+    planner_eval, trigger_eval = nnx.jit(planner_evaluate), nnx.jit(trigger_evaluate)
+    alone_p = planner_eval(policies, small_p.tokens[None], small_p.mask[None], jnp.asarray([small_p.action]))
+    alone_t = trigger_eval(policies, small_t.tokens[None], small_t.mask[None], small_t.cand_mask[None],
+                               jnp.asarray([small_t.action]))
+    p = planner_eval(policies, batch.planner.tokens, batch.planner.mask, batch.planner.actions)
+    t = trigger_eval(policies, batch.trigger.tokens, batch.trigger.mask, batch.trigger.cand_mask,
+                         batch.trigger.actions)
+    for full, alone in ((p, alone_p), (t, alone_t)):
+        np.testing.assert_allclose(float(full.logp[0]), float(alone.logp[0]), atol=1e-5)
+        np.testing.assert_allclose(float(full.value[0]), float(alone.value[0]), atol=1e-5)
+        assert np.isfinite(np.asarray(full.logp)).all()  # invalid padding rows stay finite too
+
+
+def test_one_compilation_per_bucket_signature(persona_tokenizer):
+    """Two bucket signatures over two updates of several epochs: exactly two programs (heads-only policies)."""
+    policies = heads_only(len(persona_tokenizer))
+    config = dataclasses.replace(CFG, entropy_coef=0.0123)  # a step spec no other test compiles
+    updater = JointUpdater(policies, config)
+    before = ppo_step._cache_size()
+    vocab = len(persona_tokenizer)
+    shapes = set()
+    for seed in range(2):
+        batches = minibatches(vocab, seed=seed) + minibatches(vocab, seed=seed + 10, short=True)
+        shapes |= updater.run(batches, np.random.default_rng(seed)).shapes
+    assert shapes == {((4, 64), (4, 8, 64)), ((4, 32), (4, 4, 32))}
+    assert ppo_step._cache_size() - before == len(shapes) == 2
