@@ -2,6 +2,7 @@
 
 from icml_jax.agents.agent import AgentConfig, MemoryAgent, PlannerDecision, Receipt, TriggerDecision
 from icml_jax.agents.observation import ObservationConfig, encode_planner, encode_trigger, planner_text, trigger_texts
+from icml_jax.agents.build import build_policies
 from icml_jax.agents.policy import (
     TRAINABLE,
     ActionStats,
@@ -16,6 +17,7 @@ from icml_jax.agents.policy import (
 
 __all__ = [
     "TRAINABLE",
+    "build_policies",
     "ActionStats",
     "AgentConfig",
     "MemoryAgent",

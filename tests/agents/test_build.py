@@ -1,0 +1,66 @@
+"""Policies from the config: backbones loaded from local HF directories, LoRA on them, shared or separate."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from icml_jax.agents.build import build_policies, default_config
+from icml_jax.agents.policy import TRAINABLE
+from icml_jax.models.lora import LoraConfig
+from tests.models import hf_fixtures as F
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    out = {}
+    for kind in ("qwen3", "llama"):
+        out[kind] = tmp_path_factory.mktemp(kind)
+        F.build(kind, out[kind])
+    return out
+
+
+def count(tree) -> int:
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
+
+
+def test_shared_backbone_from_config(dirs):
+    cfg = default_config()
+    cfg.planner_model, cfg.dtype = str(dirs["qwen3"]), "float32"
+    policies = build_policies(cfg, LoraConfig(rank=4))
+    assert policies.shared_backbone
+    lora = nnx.state(policies, nnx.LoRAParam)
+    assert count(lora) > 0
+    trainable = nnx.state(policies, TRAINABLE)
+    heads = sum(count(nnx.state(getattr(policies, h))) for h in
+                ("planner_actor", "planner_critic", "trigger_actor", "trigger_critic"))
+    assert count(trainable) == count(lora) + heads  # adapters (once) and heads, nothing of the base
+
+
+def test_two_backbones_of_different_families(dirs):
+    cfg = default_config()
+    cfg.planner_model, cfg.trigger_model, cfg.dtype = str(dirs["qwen3"]), str(dirs["llama"]), "float32"
+    policies = build_policies(cfg, {"rank": 2, "alpha": 4.0, "dropout": 0.0})
+    assert not policies.shared_backbone
+    assert policies.planner_backbone.config.family == "qwen3" and policies.trigger_backbone.config.family == "llama"
+
+
+def test_missing_planner_model_is_a_clear_error():
+    with pytest.raises(ValueError, match="planner_model"):
+        build_policies(default_config())
+
+
+def test_base_config_policy_block_follows_model_path():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("base_config", Path(__file__).parents[2] / "configs" / "base.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    config.model.path = "/models/Qwen3-1.7B"
+    assert config.policy.planner_model == "/models/Qwen3-1.7B" and config.policy.trigger_model is None
+    config.policy.trigger_model = "/models/Qwen3-8B"  # the mixed-size grid
+    assert config.policy.planner_model == "/models/Qwen3-1.7B"
