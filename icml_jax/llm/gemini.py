@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from icml_jax.llm.jsonparse import parse_json_text
 from icml_jax.llm.retry import RetryPolicy
 from icml_jax.llm.types import BackendError, LLMRequest, LLMResponse, MissingAPIKeyError, TokenUsage, UsageMeter
 
@@ -316,13 +315,9 @@ class GeminiBackend:
         output_tokens = int(getattr(um, "candidates_token_count", 0) or 0)
         thoughts = int(getattr(um, "thoughts_token_count", 0) or 0)
         self._meter.add(prompt_tokens=prompt_tokens, output_tokens=output_tokens, thoughts_tokens=thoughts, calls=1)
-        parsed, parse_error = (None, None)
-        if request.json_schema is not None:
-            parsed, parse_error = parse_json_text(text)
-        return LLMResponse(
-            text=text,
-            parsed=parsed,
-            parse_error=parse_error,
+        return LLMResponse.answering(
+            request,
+            text,
             prompt_tokens=prompt_tokens,
             output_tokens=output_tokens,
             attempts=attempts,

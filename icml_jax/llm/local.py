@@ -6,7 +6,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from icml_jax.llm.jsonparse import parse_json_text
 from icml_jax.llm.registry import register_backend
 from icml_jax.llm.types import LLMRequest, LLMResponse, TokenUsage, UsageMeter
 
@@ -59,12 +58,9 @@ class LocalBackend:
             for i, prompt, text in zip(idx, prompts, texts):
                 n_in = len(self.tokenizer(prompt, add_special_tokens=not templated)["input_ids"])
                 n_out = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-                parsed, error = (None, None)
-                if requests[i].json_schema is not None:
-                    parsed, error = parse_json_text(text)
                 self._meter.add(prompt_tokens=n_in, output_tokens=n_out, calls=1, attempts=1)
-                out[i] = LLMResponse(text=text, parsed=parsed, parse_error=error, prompt_tokens=n_in,
-                                     output_tokens=n_out, latency_s=latency)
+                out[i] = LLMResponse.answering(requests[i], text, prompt_tokens=n_in, output_tokens=n_out,
+                                               latency_s=latency)
         return [r for r in out if r is not None]
 
     @property

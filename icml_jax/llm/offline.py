@@ -23,7 +23,6 @@ import re
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from icml_jax.llm.jsonparse import parse_json_text
 from icml_jax.llm.prompts import QUALITY_DIMENSIONS, SYNTHESIS_TASKS
 from icml_jax.llm.types import (
     TASK_CONDENSE,
@@ -172,13 +171,9 @@ class OfflineBackend:
         prompt_tokens = len(request.prompt.split()) + len((request.system or "").split())
         output_tokens = len(text.split())
         self._meter.add(prompt_tokens=prompt_tokens, output_tokens=output_tokens, calls=1, attempts=1)
-        parsed, parse_error = (None, None)
-        if request.json_schema is not None:
-            parsed, parse_error = parse_json_text(text)
-        return LLMResponse(
-            text=text,
-            parsed=parsed,
-            parse_error=parse_error,
+        return LLMResponse.answering(
+            request,
+            text,
             prompt_tokens=prompt_tokens,
             output_tokens=output_tokens,
             finish_reason="STOP",

@@ -7,6 +7,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from icml_jax.llm.jsonparse import parse_json_text
+
 # Task names: what a request is for. Real back ends ignore them; the offline back end dispatches on them.
 TASK_GENERIC = "generic"
 TASK_CONDENSE = "condense"
@@ -41,6 +43,13 @@ class LLMResponse:
     attempts: int = 1
     latency_s: float = 0.0
     finish_reason: str | None = None
+
+    @classmethod
+    def answering(cls, request: "LLMRequest", text: str, **fields: Any) -> "LLMResponse":
+        """The response to `request` with `text`, its JSON parsed when the request asked for a schema."""
+        if request.json_schema is not None:
+            fields["parsed"], fields["parse_error"] = parse_json_text(text)
+        return cls(text=text, **fields)
 
     @property
     def ok_json(self) -> bool:
