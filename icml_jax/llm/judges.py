@@ -115,7 +115,8 @@ class _Judge:
         return self.stats.as_metrics(f"judge/{self.kind}")
 
     def _validate(self, response: LLMResponse) -> tuple[JudgeResult | None, str]:
-        raise NotImplementedError
+        """Turns a response into a result, or (None, reason) when the answer is invalid; each judge defines it."""
+        raise NotImplementedError(f"{type(self).__name__} must define _validate")
 
     def judge_requests(self, requests: Sequence[LLMRequest]) -> list[JudgeResult]:
         """Judge prepared requests (built by the prompts module); see the module docstring for failures."""
