@@ -1,27 +1,85 @@
-"""Base config (paper defaults). This file holds only the model / policy / LoRA / parallel blocks for now; the defaults
-live in code (`icml_jax.models.lora.default_config`, `icml_jax.parallel.default_config`) so they stay importable.
+"""Base config (paper defaults) for `python -m icml_jax.main`: every block is built from the `default_config()`
+of the module that reads it, so the defaults live (and are tested) next to the code.
+
+Blocks: mode (stages in order), data, model, policy, lora, parallel, llm (generator and judge back ends),
+synthesis, warmup, rl (PPO, rewards), learner, observation, online.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import ml_collections
 from ml_collections.config_dict import placeholder
 
 from icml_jax import parallel
 from icml_jax.agents import build as policy_build
+from icml_jax.agents.observation import ObservationConfig
+from icml_jax.data import persona_world_config
 from icml_jax.models import lora
+from icml_jax.rl.config import PPOConfig, RewardConfig
+from icml_jax.synthesis import default_config as synthesis_config
+from icml_jax.train import default_config as warmup_config
+
+
+def gemini_backend(model: str = "gemini-2.5-flash") -> ml_collections.ConfigDict:
+    """A Gemini back-end block; the API key is read from the environment (api_key_env), never from the config."""
+    return ml_collections.ConfigDict(dict(kind="gemini", model=model, thinking_budget=placeholder(int)))
 
 
 def get_config() -> ml_collections.ConfigDict:
     """The config tree; override fields with --config.<path>=value."""
     config = ml_collections.ConfigDict()
+    config.mode = ("synthesize", "warmup", "online")  # stages, run in this order
+    config.seed = 0
+    config.data = ml_collections.ConfigDict(dict(
+        name="persona_world",  # persona_world | msc | cc | gapchat
+        tfds_name=placeholder(str),  # e.g. "msc_episodes/parlai" (real datasets)
+        split=placeholder(str),
+        data_dir=placeholder(str),  # TFDS data_dir holding the built ArrayRecord files
+        manual_dir=placeholder(str),  # raw files the builder reads (nothing is downloaded)
+        world=persona_world_config(),  # the persona world (name == "persona_world")
+        train_episodes=250,
+        eval_episodes=50,
+    ))
     config.model = ml_collections.ConfigDict(dict(
+        kind="pretrained",  # pretrained: a local HF directory at `path`; tiny: a random decoder (demo, tests)
         path=placeholder(str),  # local Hugging Face directory (config.json + safetensors); nothing is downloaded
         dtype="bfloat16",
+        hidden=64,  # tiny only: width, layers, and whether LoRA adapters are added
+        layers=1,
+        tiny_lora=False,
     ))
     config.policy = policy_build.default_config()
     config.policy.planner_model = config.model.get_ref("path")  # the Planner's backbone is the model by default
     config.policy.dtype = config.model.get_ref("dtype")
     config.lora = lora.default_config()
     config.parallel = parallel.default_config()
+    config.llm = ml_collections.ConfigDict(dict(
+        generator=gemini_backend(),  # writes storylines, replies and memory notes
+        judge=gemini_backend(),  # proxy value and reply quality
+    ))
+    config.observation = ml_collections.ConfigDict(dataclasses.asdict(ObservationConfig()))
+    config.synthesis = synthesis_config()
+    config.warmup = warmup_config()
+    del config.warmup["observation"]  # both policies see `config.observation` in every stage
+    del config.warmup["rewards"]  # the value targets use `config.rl.reward`
+    config.rl = ml_collections.ConfigDict(dict(
+        ppo=PPOConfig().to_dict(),
+        reward=RewardConfig().to_dict(),
+    ))
+    config.rl.ppo.max_grad_norm = placeholder(float)
+    config.rl.ppo.max_grad_norm = PPOConfig().max_grad_norm
+    config.rl.ppo.value_clip = placeholder(float)
+    config.warmup.gamma = config.rl.ppo.get_ref("gamma")
+    config.learner = ml_collections.ConfigDict(dict(
+        update_every=1,  # episodes per PPO update
+        fresh_memory=True,
+        reply_temperature=0.7,
+        reply_max_tokens=256,
+    ))
+    config.online = ml_collections.ConfigDict(dict(
+        greedy_eval=False,  # evaluate the sampling policy the agent acts with online
+        eval_before=True,  # held-out evaluation before and after online learning
+    ))
     return config

@@ -1,0 +1,152 @@
+"""The main job: the demo config end to end, config errors before any stage, and --config overrides."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import ml_collections
+import pytest
+
+from icml_jax import main as job
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_config(name: str) -> ml_collections.ConfigDict:
+    """configs/<name>.py's get_config(), loaded by path as config_flags does."""
+    spec = importlib.util.spec_from_file_location(f"test_configs_{name}", ROOT / "configs" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def tiny_demo() -> ml_collections.ConfigDict:
+    """The demo made smaller still: 4 seeds of synthesis, one warm-up epoch, 4 online episodes, 2 held out."""
+    config = load_config("demo")
+    config.synthesis.num_seeds = 4
+    config.data.train_episodes = 4
+    config.data.eval_episodes = 2
+    return config
+
+
+def read_metrics(workdir: Path) -> list[dict]:
+    return [json.loads(line) for line in (workdir / job.METRICS_FILE).read_text().splitlines()]
+
+
+def test_demo_runs_end_to_end(tmp_path):
+    out = io.StringIO()
+    summary = job.run(tiny_demo(), tmp_path, out=out)
+    assert list(summary) == ["synthesize", "warmup", "online"]
+    rows = read_metrics(tmp_path)
+    stages = [r["stage"] for r in rows]
+    assert stages[0] == "synthesize" and stages[-1] == "summary"
+    assert stages == sorted(stages, key=["synthesize", "warmup", "online", "summary"].index)
+    online = [r for r in rows if r["stage"] == "online" and "episode" in r]
+    assert [r["episode"] for r in online] == [1, 2, 3, 4]
+    final = [r for r in rows if r.get("final")]
+    assert {r["stage"] for r in final} == {"warmup", "online"}
+    assert summary["online"]["updates"] == 4
+    assert (tmp_path / "warmup" / "warmup.json").is_file() and (tmp_path / "synthesis" / "manifest.json").is_file()
+    text = out.getvalue()
+    assert "icml_jax run finished" in text and "online" in text and "after/eval/trigger_recall" in text
+
+
+def _bad(**changes) -> ml_collections.ConfigDict:
+    config = tiny_demo()
+    for path, value in changes.items():
+        *parents, leaf = path.split("__")
+        node = config
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return config
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(mode=("online", "ghost")), "unknown or no stage(s) ['ghost']"),
+    (dict(mode=("online", "synthesize")), "in the order"),
+    (dict(mode=("warmup", "online")), "synthesis/manifest.json does not exist"),
+    (dict(model__kind="pretrained"), "config.model.path is not set"),
+    (dict(model__kind="pretrained", model__path="/nonexistent/ckpt"), "config.model.path='/nonexistent/ckpt'"),
+    (dict(data__name="cc"), "online runs on real datasets (config.data.name='cc') are not wired yet"),
+    (dict(llm__judge=ml_collections.ConfigDict(dict(kind="gemini", model="gemini-2.5-flash"))),
+     "config.llm.judge is a Gemini back end (gemini-2.5-flash): gemini back end: no API key found"),
+    (dict(parallel__mesh__tensor=jax.device_count() + 1), "config.parallel.mesh: mesh spec"),
+    (dict(rl__ppo__clip_eps=-1.0), "config.rl: PPOConfig.clip_eps must be > 0"),
+    (dict(synthesis__num_seeds=0), "config.synthesis: SynthesisConfig.num_seeds must be a positive int"),
+])
+def test_config_errors_come_before_any_stage(tmp_path, monkeypatch, changes, message):
+    for name in ("GEMINI_API_KEY", "GOOGLE_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    called = []
+    monkeypatch.setattr(job, "STAGE_FNS", {s: (lambda run, s=s: called.append(s)) for s in job.STAGES})
+    workdir = tmp_path / "work"
+    with pytest.raises(job.ConfigError) as err:
+        job.run(_bad(**changes), workdir)
+    assert message in str(err.value)
+    assert not called and not workdir.exists()
+
+
+def test_api_key_is_checked_but_never_shown(tmp_path, monkeypatch):
+    secret = "test-secret-key-123"
+    monkeypatch.setenv("GEMINI_API_KEY", secret)
+    config = _bad(llm__generator=ml_collections.ConfigDict(dict(kind="gemini", model="gemini-2.5-flash")),
+                  parallel__mesh__tensor=jax.device_count() + 1)
+    with pytest.raises(job.ConfigError) as err:  # the key check passes; the next check fails
+        job.run(config, tmp_path / "work")
+    assert "config.parallel.mesh" in str(err.value) and secret not in str(err.value)
+
+
+def _cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("GEMINI_API_KEY", "GOOGLE_API_KEY")}
+    env["JAX_PLATFORMS"] = "cpu"
+    return subprocess.run([sys.executable, "-m", "icml_jax.main", f"--config={ROOT / 'configs' / 'demo.py'}",
+                           f"--workdir={tmp_path / 'work'}", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_cli_overrides(tmp_path):
+    done = _cli("--config.mode=synthesize", "--config.synthesis.num_seeds=2",
+                "--config.synthesis.storylines_per_seed=1", tmp_path=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = json.loads((tmp_path / "work" / "synthesis" / "manifest.json").read_text())
+    assert manifest["counts"]["seeds"] == 2 and manifest["counts"]["storylines_requested"] == 2
+    assert [r["stage"] for r in read_metrics(tmp_path / "work")] == ["synthesize", "summary"]
+    assert "icml_jax run finished" in done.stdout
+
+    bad = _cli("--config.model.kind=pretrained", "--config.model.path=/nonexistent/ckpt", tmp_path=tmp_path)
+    assert bad.returncode == 2
+    assert "config error: config.model.path='/nonexistent/ckpt'" in bad.stderr
+    assert "stages:" not in bad.stderr
+
+
+def test_dataset_configs_load_with_gemini_back_ends():
+    for name, dataset in (("cc", "cc"), ("msc", "msc"), ("gc", "gapchat")):
+        config = load_config(name)
+        assert config.data.name == dataset and config.llm.judge.kind == "gemini"
+        assert config.llm.generator.model == "gemini-2.5-flash" and config.model.path is None
+        assert config.policy.planner_model is None
+    base = load_config("base")
+    assert tuple(base.mode) == ("synthesize", "warmup", "online")
+    assert base.warmup.learning_rate == 2e-5 and base.rl.ppo.actor_lr == 1e-6 and base.synthesis.num_seeds == 84
+
+
+def test_pretrained_checkpoint_passes_checks_and_builds(tmp_path):
+    from icml_jax.rl import persona_run
+    from tests.models import hf_fixtures as F
+
+    F.build("qwen3", tmp_path / "ckpt")
+    persona_run.build_tokenizer(tmp_path / "ckpt", ["hello", "world"])
+    config = tiny_demo()
+    config.model.kind, config.model.path, config.model.dtype = "pretrained", str(tmp_path / "ckpt"), "float32"
+    assert job.validate(config, tmp_path / "work") == ("synthesize", "warmup", "online")
+    assert config.policy.planner_model == str(tmp_path / "ckpt")
+    policies, tokenizer = job.build_models(config, tmp_path / "work")
+    assert policies.shared_backbone and tokenizer("hello world")["input_ids"][-2:] == [4, 5]
