@@ -7,6 +7,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from icml_jax.configlib import known_fields
+
 _C = TypeVar("_C")
 
 UNTRIGGERED_POLICIES: tuple[str, ...] = ("proxy", "defer")
@@ -16,12 +18,7 @@ USER_MISMATCH_POLICIES: tuple[str, ...] = ("raise", "count")
 
 def _from_dict(cls: type[_C], values: Mapping[str, Any] | None, overrides: Mapping[str, Any]) -> _C:
     """Build `cls` from a mapping plus keyword overrides, naming any unknown key (a typo must not pass silently)."""
-    merged = {**dict(values or {}), **overrides}
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(merged) - known)
-    if unknown:
-        raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}; known fields are {sorted(known)}")
-    return cls(**merged)
+    return cls(**known_fields(cls, values, **overrides))
 
 
 def _check_finite(owner: str, **values: float) -> None:

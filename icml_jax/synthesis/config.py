@@ -8,6 +8,7 @@ from typing import Any
 
 import ml_collections
 
+from icml_jax.configlib import known_fields
 from icml_jax.data import persona_world
 from icml_jax.data.persona_world import PersonaWorldConfig
 
@@ -109,12 +110,7 @@ class SynthesisConfig:
     def from_config(cls, cfg: Mapping[str, Any] | ml_collections.ConfigDict | None = None,
                     **overrides: Any) -> SynthesisConfig:
         """From a ConfigDict / mapping (e.g. `config.synthesis`) plus overrides; unknown keys are an error."""
-        d = cfg.to_dict() if isinstance(cfg, ml_collections.ConfigDict) else dict(cfg or {})
-        d.update(overrides)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"SynthesisConfig: unknown key(s) {unknown}; known: {sorted(known)}")
+        d = known_fields(cls, cfg, **overrides)
         if isinstance(d.get("world"), (Mapping, ml_collections.ConfigDict)):
             d["world"] = PersonaWorldConfig.from_config(d["world"])
         if isinstance(d.get("offline"), (Mapping, ml_collections.ConfigDict)):

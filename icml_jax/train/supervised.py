@@ -34,6 +34,7 @@ import optax
 from absl import logging
 from flax import nnx
 
+from icml_jax.configlib import known_fields
 from icml_jax.agents import observation as obs
 from icml_jax.agents.policy import MemoryPolicies, planner_forward, trigger_forward
 from icml_jax.data.schema import Episode, TurnRef
@@ -104,12 +105,7 @@ class WarmupConfig:
     def from_config(cls, cfg: Mapping[str, Any] | ml_collections.ConfigDict | None = None,
                     **overrides: Any) -> WarmupConfig:
         """From a ConfigDict / mapping (e.g. `config.warmup`) plus overrides; unknown keys are an error."""
-        d = cfg.to_dict() if isinstance(cfg, ml_collections.ConfigDict) else dict(cfg or {})
-        d.update(overrides)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"WarmupConfig: unknown key(s) {unknown}; known: {sorted(known)}")
+        d = known_fields(cls, cfg, **overrides)
         if isinstance(d.get("rewards"), (Mapping, ml_collections.ConfigDict)):
             d["rewards"] = RewardConfig.from_dict(dict(d["rewards"]))
         if isinstance(d.get("observation"), (Mapping, ml_collections.ConfigDict)):
