@@ -2,7 +2,7 @@
 of the module that reads it, so the defaults live (and are tested) next to the code.
 
 Blocks: mode (stages in order), data, model, policy, lora, parallel, llm (generator and judge back ends),
-synthesis, warmup, rl (PPO, rewards), learner, observation, online.
+synthesis, warmup, rl (PPO, rewards), learner, observation, online, checkpoint.
 """
 
 from __future__ import annotations
@@ -81,5 +81,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.online = ml_collections.ConfigDict(dict(
         greedy_eval=False,  # evaluate the sampling policy the agent acts with online
         eval_before=True,  # held-out evaluation before and after online learning
+    ))
+    config.checkpoint = ml_collections.ConfigDict(dict(
+        every_episodes=10,  # online checkpoint interval (a multiple of learner.update_every); one more at the end
+        keep=3,  # complete checkpoints kept in <workdir>/checkpoints
+        async_save=True,  # write in the background while the next episodes play
     ))
     return config

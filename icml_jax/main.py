@@ -1,8 +1,15 @@
 """The main job: `python -m icml_jax.main --config=configs/demo.py --workdir=/tmp/icml_demo`.
 
 Checks the whole config first (one `ConfigError` naming the field, before any stage runs), then runs the
-stages of `config.mode` in order (synthesize -> warmup -> online), each with a progress bar, appends every
-metric row to `<workdir>/metrics.jsonl` ({"stage": ..., ...}) and prints a summary at the end.
+stages of `config.mode` in order (synthesize -> warmup -> online), each with a progress bar; every metric row
+goes to `<workdir>/metrics.jsonl` and TensorBoard event files under `<workdir>/tensorboard`, and a summary, a
+per-session table and `<workdir>/learning_curves.png` come at the end.
+
+Runs resume: a finished stage is recorded in `<workdir>/progress.json` (with the metrics file's length then),
+and the online stage saves Orbax checkpoints of its whole state every `config.checkpoint.every_episodes`
+episodes. Starting again with the same workdir (and the same config) skips finished stages, restores the latest
+complete checkpoint, cuts the metrics back to that point and replays from there, so the run ends as an
+uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -18,15 +26,18 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import ml_collections
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 from tqdm.auto import tqdm
 
+from icml_jax.runlog import METRICS_FILE, json_safe
+
 STAGES = ("synthesize", "warmup", "online")
-DATASETS = ("persona_world", "msc", "cc", "gapchat")
-METRICS_FILE = "metrics.jsonl"
 SYNTHESIS_DIR = "synthesis"
-EVAL_OFFSET = 1_000_000  # held-out persona-world episodes are generated from this index on
+PROGRESS_FILE = "progress.json"
+CHECKPOINT_DIR = "checkpoints"
+POLICY_DIR = "policy"  # the latest trained policy (adapters + heads), what `icml_jax.chat` loads
+PLOT_FILE = "learning_curves.png"
 
 
 class ConfigError(ValueError):
@@ -62,6 +73,7 @@ def _backend_roles(stages: Sequence[str]) -> list[str]:
 def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str]) -> tuple[str, ...]:
     """Checks everything that can be checked before work starts; returns the stages to run."""
     from icml_jax import parallel
+    from icml_jax.data.stream import check_data_config
     from icml_jax.llm.gemini import read_api_key
     from icml_jax.llm.registry import available_backends
     from icml_jax.llm.types import MissingAPIKeyError
@@ -69,12 +81,10 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str])
     if not str(workdir):
         raise ConfigError("--workdir is required: the directory that receives metrics.jsonl and stage outputs")
     stages = _stages(config)
-    if config.data.name not in DATASETS:
-        raise ConfigError(f"config.data.name={config.data.name!r} is not one of {DATASETS}")
-    if "online" in stages and config.data.name != "persona_world":
-        raise ConfigError(f"config.mode includes 'online' but online runs on real datasets (config.data.name="
-                          f"{config.data.name!r}) are not wired yet; only 'persona_world' is. Run "
-                          f"--config.mode=synthesize,warmup for now")
+    try:
+        check_data_config(config, stages)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if "warmup" in stages and "synthesize" not in stages:
         manifest = Path(workdir) / SYNTHESIS_DIR / "manifest.json"
         if not manifest.is_file():
@@ -110,9 +120,16 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str])
             except MissingAPIKeyError as exc:
                 raise ConfigError(f"config.llm.{role} is a Gemini back end ({block.get('model')}): {exc}") from None
     _check_blocks(config, stages)
+    _check_checkpoint(config)
+    _check_same_run(config, workdir)
     import jax
 
     parallel.initialize(config.parallel.distributed.to_dict())
+    if jax.process_count() > 1:
+        raise ConfigError(f"{jax.process_count()} JAX processes: the main job runs in one process for now (one host, "
+                          "all its local devices in config.parallel.mesh). Its stages drive the model turn by turn "
+                          "from host data, and several processes would have to do so in lockstep, which is not "
+                          "implemented; the model-level API (loading, LoRA steps, export) does run multi-host")
     try:
         parallel.resolve_mesh_shape(dict(config.parallel.mesh), jax.device_count())
     except ValueError as exc:
@@ -138,6 +155,46 @@ def _check_blocks(config: ml_collections.ConfigDict, stages: Sequence[str]) -> N
             check()
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"config.{name}: {exc}") from None
+
+
+def _check_checkpoint(config: ml_collections.ConfigDict) -> None:
+    """Checkpoints are taken right after a PPO update, so their interval is a multiple of the update interval."""
+    every, keep, update_every = config.checkpoint.every_episodes, config.checkpoint.keep, config.learner.update_every
+    if not isinstance(keep, int) or keep < 1:
+        raise ConfigError(f"config.checkpoint.keep={keep!r}: must be a positive int (checkpoints kept)")
+    if not isinstance(every, int) or every < 1 or every % update_every:
+        raise ConfigError(f"config.checkpoint.every_episodes={every!r}: must be a positive multiple of "
+                          f"config.learner.update_every={update_every} (a checkpoint follows a PPO update)")
+
+
+def config_text(config: ml_collections.ConfigDict) -> str:
+    """The config as `<workdir>/config.json` holds it."""
+    return config.to_json_best_effort(indent=2, sort_keys=True) + "\n"
+
+
+def _check_same_run(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str]) -> None:
+    """A workdir resumes only the run it holds: another config there would mix two runs' state."""
+    path = Path(workdir).expanduser() / "config.json"
+    if path.is_file() and path.read_text(encoding="utf-8") != config_text(config):
+        old = json.loads(path.read_text(encoding="utf-8"))
+        new = json.loads(config_text(config))
+        diff = sorted(k for k in _flat_keys(old) | _flat_keys(new) if _get(old, k) != _get(new, k))
+        raise ConfigError(f"{workdir} holds a run with another config (differs at {diff[:6]}); resume it with "
+                          "the same config or use a new --workdir")
+
+
+def _flat_keys(tree: Any, prefix: str = "") -> set[str]:
+    if not isinstance(tree, dict):
+        return {prefix}
+    return set().union(*(_flat_keys(v, f"{prefix}.{k}" if prefix else k) for k, v in tree.items())) or {prefix}
+
+
+def _get(tree: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return "<absent>"
+        tree = tree[part]
+    return tree
 
 
 # ----------------------------------------------------------------------------------------- typed sub-configs
@@ -181,62 +238,71 @@ def _warmup(config: ml_collections.ConfigDict):
 
 def _learner(config: ml_collections.ConfigDict):
     from icml_jax.agents.agent import AgentConfig
+    from icml_jax.data.stream import user_speaker
     from icml_jax.rl.learner import LearnerConfig
 
     agent = AgentConfig(observation=_observation(config), reply_temperature=config.learner.reply_temperature,
                         reply_max_tokens=config.learner.reply_max_tokens)
     return LearnerConfig(ppo=_ppo(config), reward=_reward(config), agent=agent,
                          update_every=config.learner.update_every, seed=config.seed,
-                         user_speaker=_world(config).user_speaker, fresh_memory=config.learner.fresh_memory)
+                         user_speaker=user_speaker(config), fresh_memory=config.learner.fresh_memory)
 
 
 # ------------------------------------------------------------------------------------------------ the run
 
 
-def _json_safe(value: Any) -> Any:
-    """NaN / inf become null so every line is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
+def _write_json_atomic(path: Path, data: Any) -> None:
+    """Writes `path` so that a kill leaves either the old or the new file, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(json.dumps(json_safe(data), indent=2, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
-class MetricsWriter:
-    """Appends one JSON object per line to `<workdir>/metrics.jsonl`, each tagged with its stage."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._file: TextIO = path.open("a", encoding="utf-8")
-
-    def write(self, stage: str, row: dict[str, Any]) -> None:
-        """One line: {"stage": stage, "time": unix seconds, **row}."""
-        self._file.write(json.dumps(_json_safe({"stage": stage, "time": time.time(), **row}), sort_keys=True) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        """Closes the file."""
-        self._file.close()
+def read_progress(workdir: Path) -> dict[str, Any]:
+    """`<workdir>/progress.json`: finished stages with their summaries and the metrics file's length then."""
+    path = workdir / PROGRESS_FILE
+    if not path.is_file():
+        return {"done": {}, "metrics_bytes": 0, "finished": False}
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 @dataclasses.dataclass
 class Run:
-    """What the stages share: config, workdir, the metrics file, and the policies/tokenizer once built."""
+    """What the stages share: config, workdir, metrics, progress, and the policies/tokenizer once built."""
 
     config: ml_collections.ConfigDict
     workdir: Path
-    metrics: MetricsWriter
+    metrics: Any  # icml_jax.runlog.MetricsLog
+    progress: dict[str, Any]
     policies: Any = None
     tokenizer: Any = None
     summary: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    deferred: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # done, not yet committed
 
     def models(self) -> tuple[Any, Any]:
         """The policies and tokenizer, built on first use (tiny random backbone or local HF checkpoint)."""
         if self.policies is None:
             self.policies, self.tokenizer = build_models(self.config, self.workdir)
         return self.policies, self.tokenizer
+
+    def commit(self, stage: str | None = None, summary: dict[str, Any] | None = None) -> None:
+        """Records `stage` (and any deferred stage) as finished, with the metrics written so far."""
+        done = dict(self.deferred)
+        if stage is not None:
+            done[stage] = summary or {}
+        self.deferred = {}
+        self.progress["done"].update(done)
+        self.progress["metrics_bytes"] = self.metrics.position()
+        _write_json_atomic(self.workdir / PROGRESS_FILE, self.progress)
+
+    def save_policy(self, metadata: dict[str, Any]) -> Path:
+        """The trained policy's adapters and heads to `<workdir>/policy` (what `icml_jax.chat` loads)."""
+        from icml_jax.train.checkpoint import save_warmup
+
+        return save_warmup(self.workdir / POLICY_DIR, self.policies, json_safe(metadata))
 
 
 def build_models(config: ml_collections.ConfigDict, workdir: Path) -> tuple[Any, Any]:
@@ -271,7 +337,6 @@ def build_models(config: ml_collections.ConfigDict, workdir: Path) -> tuple[Any,
     policies = build_policies(config.policy, config.lora, mesh=mesh, rules=parallel.rules_from(config.parallel.rules))
     return policies, load_tokenizer(config.model.path)
 
-
 def stage_synthesize(run: Run) -> dict[str, Any]:
     """Retrospective Session Synthesis with the generator back end into `<workdir>/synthesis`."""
     from icml_jax.llm.registry import make_backend
@@ -303,49 +368,104 @@ def stage_warmup(run: Run) -> dict[str, Any]:
     return summary
 
 
+def _session_rows(phase: str, sessions: Sequence[Any]) -> list[dict[str, Any]]:
+    """Per-session-number rows of the per-session table (labels pooled over episodes, mean judged rewards)."""
+    from icml_jax.rl.learner import pooled_metrics
+
+    rows = []
+    for number in sorted({c.session for c in sessions}):
+        m = pooled_metrics([c for c in sessions if c.session == number], "m")
+        rows.append({"table": "sessions", "phase": phase, "session": number + 1,
+                     "planner_precision": m["m/planner_precision"], "planner_recall": m["m/planner_recall"],
+                     "trigger_recall": m["m/trigger_recall"], "reward_trigger": m["m/reward_quality"],
+                     "reward_proxy": m["m/reward_proxy"],
+                     "decisions": sum(c.turns for c in sessions if c.session == number)})
+    return rows
+
+
 def stage_online(run: Run) -> dict[str, Any]:
-    """Online PPO (Algorithm 1) on persona-world episodes, with held-out evaluations before and after."""
+    """Online PPO (Algorithm 1) with held-out evaluations before and after, checkpointed every N episodes.
+
+    Resumes from the latest complete checkpoint in `<workdir>/checkpoints` when there is one: learner state,
+    every user's memory, the data stream's position and the before-evaluation come back; metrics written after
+    that checkpoint were already cut by `run`.
+    """
     from icml_jax.agents.agent import AgentConfig
-    from icml_jax.data import generate_episodes
+    from icml_jax.data.stream import EVAL_OFFSET, held_out_episodes, online_stream
     from icml_jax.llm.judges import ProxyJudge, QualityJudge
     from icml_jax.llm.registry import make_backend
     from icml_jax.memory.store import MemoryStore
+    from icml_jax.rl.checkpoint import RunCheckpointer, load_memory_state, memory_state
     from icml_jax.rl.learner import OnlineLearner, evaluate, pooled_metrics
 
     config = run.config
     policies, tokenizer = run.models()
-    world = _world(config)
-    train = generate_episodes(world, int(config.data.train_episodes))
-    held_out = generate_episodes(world, int(config.data.eval_episodes), start_index=EVAL_OFFSET)
+    stream, held_out = online_stream(config), held_out_episodes(config)
     generator = make_backend(config.llm.generator)
     same = config.llm.judge.to_dict() == config.llm.generator.to_dict()
     judge = generator if same else make_backend(config.llm.judge)  # one client when both roles are one back end
     learner_cfg = _learner(config)
     agent_cfg = AgentConfig(observation=learner_cfg.agent.observation)
 
-    def held_out_eval(seen: int) -> dict[str, float]:
+    def held_out_eval(seen: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         if not held_out:
-            return {}
+            return {}, []
         sessions = evaluate(policies, tokenizer, held_out, agent_config=agent_cfg, backend=generator,
-                            user_speaker=world.user_speaker, greedy=config.online.greedy_eval,
+                            user_speaker=learner_cfg.user_speaker, greedy=config.online.greedy_eval,
                             seed=config.seed + EVAL_OFFSET)
         metrics = pooled_metrics(sessions, "eval")
-        run.metrics.write("online", {"episodes_seen": seen, **metrics})
-        return metrics
+        run.metrics.write("eval", {"episodes_seen": seen, **metrics}, step=seen)
+        return metrics, _session_rows("before" if seen == 0 else "after", sessions)
 
-    before = held_out_eval(0) if config.online.eval_before else {}
-    updates = 0
-    with MemoryStore() as store:
+    every = int(config.checkpoint.every_episodes)
+    with MemoryStore() as store, RunCheckpointer(run.workdir / CHECKPOINT_DIR, keep=int(config.checkpoint.keep),
+                                                 async_save=bool(config.checkpoint.async_save)) as ckpt:
         learner = OnlineLearner(policies, tokenizer, store, generator, proxy_judge=ProxyJudge(judge),
                                 quality_judge=QualityJudge(judge), config=learner_cfg)
-        for i, episode in enumerate(tqdm(train, desc="online episodes", unit="ep", leave=False), start=1):
+
+        def save(extra: dict[str, Any]) -> None:
+            state = learner.state_dict()
+            arrays = {k: state.pop(k) for k in ("params", "rest", "optimizer", "agent_key")}
+            ckpt.save(learner.episodes_seen, arrays, {**state, **extra, "memory": memory_state(store),
+                                                      "data": stream.get_state(),
+                                                      "metrics_bytes": run.metrics.position()})
+
+        restored = ckpt.restore()
+        if restored is not None:
+            _, arrays, state = restored
+            learner.load_state_dict({**state, **arrays})
+            load_memory_state(store, state["memory"])
+            stream.set_state(state["data"])
+        else:  # the warmed-up start is resume point 0; the warm-up, deferred until now, is recoverable from it
+            save({"before": {}, "before_rows": []})
+            ckpt.wait()
+            run.commit()
+        if learner.episodes_seen == 0:
+            before, before_rows = held_out_eval(0) if config.online.eval_before else ({}, [])
+        else:
+            before, before_rows = state["before"], state["before_rows"]
+        extra = {"before": before, "before_rows": before_rows}
+        bar = tqdm(stream, desc="online episodes", unit="ep", total=stream.total, initial=learner.episodes_seen,
+                   leave=False)
+        for episode in bar:
             out = learner.run_episode(episode)
-            updates += "update/index" in out
-            run.metrics.write("online", {"episode": i, **out})
+            run.metrics.write("online", {"episode": learner.episodes_seen, **out}, step=learner.episodes_seen)
+            if learner.episodes_seen % every == 0:
+                save(extra)
+        if learner.has_pending():  # the episodes after the last update still teach: one last update
+            out = learner.update()
+            run.metrics.write("online", {"episode": learner.episodes_seen, **out}, step=learner.episodes_seen)
+        if ckpt.latest_step() != learner.episodes_seen:
+            save(extra)
+        ckpt.wait()
         online = pooled_metrics(learner.session_log, "online")
-    after = held_out_eval(len(train))
-    summary = {"episodes": len(train), "updates": updates, **online, **{f"after/{k}": v for k, v in after.items()},
-               **{f"before/{k}": v for k, v in before.items()}}
+        online_rows = _session_rows("online", learner.session_log)
+        after, after_rows = held_out_eval(learner.episodes_seen)
+    for row in before_rows + online_rows + after_rows:
+        run.metrics.write("online", row)
+    summary = {"episodes": learner.episodes_seen, "updates": learner.updates, **online,
+               **{f"after/{k}": v for k, v in after.items()}, **{f"before/{k}": v for k, v in before.items()}}
+    run.save_policy({"stage": "online", "episodes": learner.episodes_seen, "updates": learner.updates})
     run.metrics.write("online", {"final": True, **summary})
     return summary
 
@@ -357,20 +477,52 @@ STAGE_FNS: dict[str, Callable[[Run], dict[str, Any]]] = {
 }
 
 
+def _resume_point(root: Path, progress: dict[str, Any], stages: Sequence[str]) -> tuple[int, dict[str, int]]:
+    """(metrics bytes to keep, TensorBoard purge step per stage) for continuing the run held in `root`."""
+    done = progress["done"]
+    keep = int(progress["metrics_bytes"])
+    purge = {s: 0 for s in stages if s not in done}
+    if "online" in stages and "online" not in done and (root / CHECKPOINT_DIR).is_dir():
+        from icml_jax.rl.checkpoint import RunCheckpointer
+
+        with RunCheckpointer(root / CHECKPOINT_DIR) as ckpt:
+            latest = ckpt.restore_state()
+        if latest is not None:
+            step, state = latest
+            keep = int(state["metrics_bytes"])
+            purge.update(online=step + 1, eval=1 if step else 0)
+    if "online" in purge:
+        purge.setdefault("eval", purge["online"])
+    return keep, purge
+
+
 def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
         out: TextIO | None = None) -> dict[str, dict[str, Any]]:
-    """Validates `config`, then runs its stages in order; returns {stage: summary} and prints the summary."""
+    """Validates `config`, then runs (or resumes) its stages in order; returns {stage: summary}, prints a report."""
+    from icml_jax.runlog import MetricsLog, plot_learning_curves, read_metrics, session_table
+
     out = out or sys.stdout
     stages = validate(config, workdir)
     root = Path(workdir).expanduser()
     root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    state = Run(config, root, MetricsWriter(root / METRICS_FILE))
+    (root / "config.json").write_text(config_text(config), encoding="utf-8")
+    progress = read_progress(root)
+    if "online" in stages and any(s not in progress["done"] for s in stages[:stages.index("online")]):
+        shutil.rmtree(root / CHECKPOINT_DIR, ignore_errors=True)  # taken after a stage that runs again: stale
+    keep, purge = _resume_point(root, progress, stages)
+    fresh = keep == 0 and not (root / METRICS_FILE).exists()
+    state = Run(config, root, MetricsLog(root, truncate_to=None if fresh else keep, purge_steps=purge), progress)
     start = time.perf_counter()
     try:
+        todo = [s for s in stages if s not in progress["done"]]
+        if todo and todo != list(stages):
+            print(f"resuming {root}: finished {[s for s in stages if s in progress['done']]}, next {todo}", file=out)
         bar = tqdm(stages, desc="stages", unit="stage")
-        for stage in bar:
+        for i, stage in enumerate(bar):
             bar.set_postfix_str(stage)
+            if stage in progress["done"]:
+                state.summary[stage] = progress["done"][stage]
+                continue
             t0 = time.perf_counter()
             try:
                 summary = STAGE_FNS[stage](state)
@@ -378,10 +530,20 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
                 raise RuntimeError(f"stage {stage!r} failed (workdir {root}): {type(exc).__name__}: {exc}") from exc
             summary["seconds"] = time.perf_counter() - t0
             state.summary[stage] = summary
-        state.metrics.write("summary", {"stages": list(stages), "seconds": time.perf_counter() - start})
+            if stage == "warmup" and "online" in stages[i + 1:]:
+                state.deferred[stage] = summary  # committed with the online stage's first checkpoint
+            else:
+                state.commit(stage, summary)
+        if not progress.get("finished"):
+            state.metrics.write("summary", {"stages": list(stages), "seconds": time.perf_counter() - start})
+            progress["finished"] = True
+            state.commit()
     finally:
         state.metrics.close()
-    print(format_summary(state.summary, root, time.perf_counter() - start), file=out)
+    rows = read_metrics(root / METRICS_FILE)
+    plot = plot_learning_curves(root / METRICS_FILE, root / PLOT_FILE)
+    table = session_table([r for r in rows if r.get("table") == "sessions"])
+    print(format_summary(state.summary, root, time.perf_counter() - start, table=table, plot=plot), file=out)
     return state.summary
 
 
@@ -389,7 +551,7 @@ def _fmt(value: Any) -> str:
     """Short human form of a metric."""
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.3f}"
-    return str(value)
+    return "-" if value is None else str(value)
 
 
 SUMMARY_KEYS = {
@@ -402,15 +564,19 @@ SUMMARY_KEYS = {
 }
 
 
-def format_summary(summary: dict[str, dict[str, Any]], workdir: Path, seconds: float) -> str:
-    """The end-of-run report: a line per stage with its headline numbers, and where the metrics are."""
-    lines = [f"icml_jax run finished in {seconds:.1f} s; metrics: {workdir / METRICS_FILE}"]
+def format_summary(summary: dict[str, dict[str, Any]], workdir: Path, seconds: float, *, table: str = "",
+                   plot: Path | None = None) -> str:
+    """The end-of-run report: a line per stage with its headline numbers, the per-session table, the files."""
+    lines = [f"icml_jax run finished in {seconds:.1f} s; metrics: {workdir / METRICS_FILE}"
+             + (f", plot: {plot}" if plot else "")]
     for stage, values in summary.items():
         keys = [k for k in SUMMARY_KEYS.get(stage, ()) if k in values]
         if stage == "warmup" and not keys:
             keys = sorted(k for k in values if k.startswith(("before/", "after/")))[:6]
         parts = [f"{k} {_fmt(values[k])}" for k in keys]
-        lines.append(f"  {stage:<10} ({values['seconds']:.1f} s): " + ", ".join(parts))
+        lines.append(f"  {stage:<10} ({_fmt(values.get('seconds'))} s): " + ", ".join(parts))
+    if table:
+        lines += ["", "per session (held-out evaluation before/after online learning; online rewards):", table]
     return "\n".join(lines)
 
 
@@ -425,6 +591,8 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
     if _CONFIG.value is None:
         raise app.UsageError("--config is required, e.g. --config=configs/demo.py")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO; --verbosity=0 brings it back
     try:
         run(_CONFIG.value, _WORKDIR.value or "")
     except ConfigError as exc:

@@ -47,15 +47,46 @@ def test_demo_runs_end_to_end(tmp_path):
     rows = read_metrics(tmp_path)
     stages = [r["stage"] for r in rows]
     assert stages[0] == "synthesize" and stages[-1] == "summary"
-    assert stages == sorted(stages, key=["synthesize", "warmup", "online", "summary"].index)
+    order = ["synthesize", "warmup", "eval", "online", "summary"]
+    assert [s for s in stages if s != "eval"] == sorted([s for s in stages if s != "eval"], key=order.index)
     online = [r for r in rows if r["stage"] == "online" and "episode" in r]
     assert [r["episode"] for r in online] == [1, 2, 3, 4]
+    assert [r["episodes_seen"] for r in rows if r["stage"] == "eval"] == [0, 4]
     final = [r for r in rows if r.get("final")]
     assert {r["stage"] for r in final} == {"warmup", "online"}
     assert summary["online"]["updates"] == 4
     assert (tmp_path / "warmup" / "warmup.json").is_file() and (tmp_path / "synthesis" / "manifest.json").is_file()
+    # the per-session table: held-out before/after and online rows for each of the world's sessions
+    table = [r for r in rows if r.get("table") == "sessions"]
+    sessions = tiny_demo().data.world.num_sessions
+    assert sorted((r["phase"], r["session"]) for r in table) == sorted(
+        (p, k) for p in ("before", "online", "after") for k in range(1, sessions + 1))
+    # outputs users look at: the plot, TensorBoard events per stage, the trained policy, the progress record
+    assert (tmp_path / job.PLOT_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {p.name for p in (tmp_path / "tensorboard").iterdir()} == {"synthesize", "warmup", "eval", "online",
+                                                                       "summary"}
+    assert (tmp_path / job.POLICY_DIR / "warmup.json").is_file()
+    progress = json.loads((tmp_path / job.PROGRESS_FILE).read_text())
+    assert progress["finished"] and set(progress["done"]) == {"synthesize", "warmup", "online"}
+    assert progress["metrics_bytes"] == (tmp_path / job.METRICS_FILE).stat().st_size
+    assert sorted(p.name for p in (tmp_path / job.CHECKPOINT_DIR).iterdir()) == ["0", "4"]  # the start, the end
     text = out.getvalue()
     assert "icml_jax run finished" in text and "online" in text and "after/eval/trigger_recall" in text
+    assert "per session" in text and str(tmp_path / job.PLOT_FILE) in text
+
+    # a finished run started again does nothing but report
+    again = io.StringIO()
+    assert job.run(tiny_demo(), tmp_path, out=again) == job.json_safe(summary)  # as progress.json keeps it
+    assert read_metrics(tmp_path) == rows and "per session" in again.getvalue()
+
+
+def test_workdir_of_another_config_is_refused(tmp_path):
+    config = tiny_demo()
+    config.mode = ("synthesize",)
+    (tmp_path / "config.json").write_text(job.config_text(config))
+    other = tiny_demo()
+    with pytest.raises(job.ConfigError, match=r"holds a run with another config \(differs at \['mode'\]\)"):
+        job.run(other, tmp_path)
 
 
 def _bad(**changes) -> ml_collections.ConfigDict:
@@ -75,7 +106,8 @@ def _bad(**changes) -> ml_collections.ConfigDict:
     (dict(mode=("warmup", "online")), "synthesis/manifest.json does not exist"),
     (dict(model__kind="pretrained"), "config.model.path is not set"),
     (dict(model__kind="pretrained", model__path="/nonexistent/ckpt"), "config.model.path='/nonexistent/ckpt'"),
-    (dict(data__name="cc"), "online runs on real datasets (config.data.name='cc') are not wired yet"),
+    (dict(data__name="cc", model__kind="pretrained", model__path=None), "config.data.tfds_name"),
+    (dict(checkpoint__every_episodes=3, learner__update_every=2), "config.checkpoint.every_episodes=3"),
     (dict(llm__judge=ml_collections.ConfigDict(dict(kind="gemini", model="gemini-2.5-flash"))),
      "config.llm.judge is a Gemini back end (gemini-2.5-flash): gemini back end: no API key found"),
     (dict(parallel__mesh__tensor=jax.device_count() + 1), "config.parallel.mesh: mesh spec"),
@@ -92,6 +124,13 @@ def test_config_errors_come_before_any_stage(tmp_path, monkeypatch, changes, mes
         job.run(_bad(**changes), workdir)
     assert message in str(err.value)
     assert not called and not workdir.exists()
+
+
+def test_several_processes_are_refused_before_any_stage(tmp_path, monkeypatch):
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(job.ConfigError, match="2 JAX processes: the main job runs in one process for now"):
+        job.run(tiny_demo(), tmp_path / "work")
+    assert not (tmp_path / "work").exists()
 
 
 def test_api_key_is_checked_but_never_shown(tmp_path, monkeypatch):
@@ -150,3 +189,46 @@ def test_pretrained_checkpoint_passes_checks_and_builds(tmp_path):
     assert config.policy.planner_model == str(tmp_path / "ckpt")
     policies, tokenizer = job.build_models(config, tmp_path / "work")
     assert policies.shared_backbone and tokenizer("hello world")["input_ids"][-2:] == [4, 5]
+
+
+def test_gc_config_learns_online_on_built_gapchat_data(tmp_path):
+    """configs/gc.py end to end on the in-repo GapChat fixtures: a local checkpoint, offline back ends, both
+    speakers acted on, per-session rows, resumable checkpoints."""
+    from icml_jax.data import tfds_builders as tb
+    from icml_jax.rl import persona_run
+    from tests.models import hf_fixtures as F
+
+    F.build("qwen3", tmp_path / "ckpt")
+    persona_run.build_tokenizer(tmp_path / "ckpt", ["hello", "world", "i", "like", "my", "dog"])
+    config = load_config("gc")
+    tb.build(config.data.tfds_name, manual_dir=ROOT / "tests" / "data" / "fixtures" / "gapchat",
+             data_dir=tmp_path / "tfds")
+    config.mode = ("online",)
+    config.model.path, config.model.dtype = str(tmp_path / "ckpt"), "float32"
+    config.data.data_dir, config.data.train_episodes = str(tmp_path / "tfds"), 3
+    config.llm.generator = ml_collections.ConfigDict(dict(kind="offline"))
+    config.llm.judge = ml_collections.ConfigDict(dict(kind="offline"))
+    config.learner.reply_max_tokens = 16
+    config.checkpoint.every_episodes = 2
+    config.observation.max_length = config.observation.min_length_bucket = 32  # one shape: one PPO program
+    config.observation.max_candidates = 1
+    compiled: list[str] = []
+    listener = lambda event, secs, fun_name="", **kw: (  # noqa: E731
+        compiled.append(fun_name) if event == "/jax/core/compile/backend_compile_duration" else None)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        summary = job.run(config, tmp_path / "work", out=io.StringIO())
+    finally:
+        jax._src.monitoring.unregister_event_duration_listener(listener)
+    # heads, optimizer counters and placeholders live on the model's mesh: 3 updates, one compiled step
+    assert compiled.count("jit(ppo_step)") == 1, compiled
+    assert summary["online"]["episodes"] == 3 and summary["online"]["updates"] == 3
+    rows = read_metrics(tmp_path / "work")
+    episodes = [r for r in rows if r["stage"] == "online" and "episode" in r]
+    assert [r["episode"] for r in episodes] == [1, 2, 3]
+    assert all(r["update/decisions/trigger"] >= r["episode/turns"] > 0 for r in episodes)
+    online = [r for r in rows if r.get("table") == "sessions"]
+    assert online and {r["phase"] for r in online} == {"online"} and all(r["reward_trigger"] is not None
+                                                                          for r in online)
+    assert not [r for r in rows if r["stage"] == "eval"]  # real data has no labels to evaluate against
+    assert sorted(int(p.name) for p in (tmp_path / "work" / job.CHECKPOINT_DIR).iterdir()) == [0, 2, 3]

@@ -13,8 +13,9 @@ from ml_collections.config_dict import placeholder
 
 from icml_jax import parallel
 from icml_jax.agents.policy import MemoryPolicies
-from icml_jax.models.lora import LoraConfig, apply_lora
 from icml_jax.models.loading import from_pretrained
+from icml_jax.models.lora import LoraConfig, apply_lora
+from icml_jax.train.checkpoint import HEADS
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -54,5 +55,10 @@ def build_policies(
     planner = backbone(cfg["planner_model"], 0)
     shared = not cfg.get("trigger_model") or cfg["trigger_model"] == cfg["planner_model"]
     trigger = planner if shared else backbone(cfg["trigger_model"], 1)
-    return MemoryPolicies(planner, trigger, pooling=cfg.get("pooling", "last"),
-                          match_rank=int(cfg.get("match_rank", 0)), rngs=nnx.Rngs(seed))
+    policies = MemoryPolicies(planner, trigger, pooling=cfg.get("pooling", "last"),
+                              match_rank=int(cfg.get("match_rank", 0)), rngs=nnx.Rngs(seed))
+    if mesh is not None:  # the heads join the backbones' mesh (replicated): steps keep one sharding throughout
+        for head in HEADS:
+            if getattr(policies, head, None) is not None:
+                parallel.shard_model(getattr(policies, head), mesh, rules)
+    return policies

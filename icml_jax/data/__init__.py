@@ -37,6 +37,14 @@ from icml_jax.data.protocol import (
 from icml_jax.data.report import MalformedRecordError, MissingSourceFileError, ParseReport
 from icml_jax.data.schema import Episode, SchemaError, Session, Turn, TurnRef
 from icml_jax.data.sources import parse_cc, parse_gapchat, parse_msc_cc_style, parse_msc_parlai
+from icml_jax.data.stream import (
+    EVAL_OFFSET,
+    EpisodeStream,
+    check_data_config,
+    held_out_episodes,
+    online_stream,
+    user_speaker,
+)
 from icml_jax.data.tfds_builders import (
     CcEpisodes,
     GapchatEpisodes,
@@ -48,10 +56,12 @@ from icml_jax.data.tfds_builders import (
 )
 
 __all__ = [
+    "EVAL_OFFSET",
     "EVAL_SEED",
     "NUM_EVAL_EPISODES",
     "CcEpisodes",
     "Episode",
+    "EpisodeStream",
     "GapchatEpisodes",
     "MalformedRecordError",
     "MissingSourceFileError",
@@ -66,6 +76,7 @@ __all__ = [
     "Turn",
     "TurnRef",
     "build",
+    "check_data_config",
     "compare_with_theanine_prefixes",
     "data_source",
     "episode_from_record",
@@ -78,9 +89,11 @@ __all__ = [
     "gapchat_eval_pool",
     "generate_episode",
     "generate_episodes",
+    "held_out_episodes",
     "load_eval_episodes",
     "load_theanine_ids",
     "need_labels",
+    "online_stream",
     "parse_cc",
     "parse_gapchat",
     "parse_msc_cc_style",
@@ -98,4 +111,5 @@ __all__ = [
     "tfds_source",
     "train_pipeline",
     "trigger_recall",
+    "user_speaker",
 ]

@@ -33,6 +33,7 @@ from icml_jax.llm.types import LLMBackend
 from icml_jax.memory.store import MemoryStore
 from icml_jax.models.sampler import bucket
 from icml_jax.rl.advantages import compute_advantages
+from icml_jax.rl.checkpoint import policy_arrays, restore_policy_arrays
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.pending import PendingRewardBuffer, SaveReward
 from icml_jax.rl.rewards import planner_reward
@@ -51,7 +52,7 @@ class LearnerConfig:
     agent: AgentConfig = dataclasses.field(default_factory=AgentConfig)
     update_every: int = 1  # episodes per PPO update
     seed: int = 0
-    user_speaker: str = "user"  # the agent answers the turns of this speaker
+    user_speaker: str | None = "user"  # the agent acts on this speaker's turns; None: on every turn (real data)
     fresh_memory: bool = True  # wipe the user's memory when one of its episodes starts (replays start clean)
 
     def __post_init__(self) -> None:
@@ -73,11 +74,27 @@ class SessionCounts:
     gold_saves: int = 0  # turns with y_p True
     needed: int = 0  # (turn, needed earlier turn) pairs of y_t
     recalled: int = 0  # pairs whose needed turn was the memory the Trigger used
+    quality_sum: float = 0.0  # judged reply quality (the Trigger's reward) summed over `quality_n` turns
+    quality_n: int = 0
+    proxy_sum: float = 0.0  # proxy value of the turns (the Planner's immediate reward signal)
+    proxy_n: int = 0
+
+    _SUMMED = ("turns", "saves", "correct_saves", "gold_saves", "needed", "recalled", "quality_sum", "quality_n",
+               "proxy_sum", "proxy_n")
 
     def add(self, other: SessionCounts) -> None:
         """Accumulate another session's counts (pooling)."""
-        for f in ("turns", "saves", "correct_saves", "gold_saves", "needed", "recalled"):
+        for f in self._SUMMED:
             setattr(self, f, getattr(self, f) + getattr(other, f))
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON data (checkpoints)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SessionCounts:
+        """Inverse of `to_json`."""
+        return cls(**data)
 
 
 def pooled_metrics(counts: Iterable[SessionCounts], prefix: str = "labels") -> dict[str, float]:
@@ -92,6 +109,8 @@ def pooled_metrics(counts: Iterable[SessionCounts], prefix: str = "labels") -> d
         f"{prefix}/trigger_recall": ratio(total.recalled, total.needed),
         f"{prefix}/save_rate": ratio(total.saves, total.turns),
         f"{prefix}/needed_pairs": float(total.needed),
+        f"{prefix}/reward_quality": ratio(total.quality_sum, total.quality_n),
+        f"{prefix}/reward_proxy": ratio(total.proxy_sum, total.proxy_n),
     }
 
 
@@ -194,16 +213,22 @@ class OnlineLearner:
         for s, session in enumerate(episode.sessions):
             history: list[tuple[str, str]] = []
             for t, turn in enumerate(session.turns):
-                if turn.speaker == self.config.user_speaker:
+                if self.config.user_speaker is None or turn.speaker == self.config.user_speaker:
                     receipts.append(self.step_turn(episode, user, s, t, history, key))
                 history.append((turn.speaker, turn.text))
         if not receipts:
-            raise ValueError(f"episode {episode.episode_id!r} has no turn of speaker "
-                             f"{self.config.user_speaker!r} (LearnerConfig.user_speaker)")
+            whose = "any speaker" if self.config.user_speaker is None else f"speaker {self.config.user_speaker!r}"
+            raise ValueError(f"episode {episode.episode_id!r} has no turn of {whose} (LearnerConfig.user_speaker)")
         self._closed.add(user)
         self.last_receipts = receipts
         self.episodes_seen += 1
         counts = session_counts(episode, receipts)
+        for rec in self._turns[len(self._turns) - len(receipts):]:  # this episode's records: the judged rewards
+            c = counts[rec.receipt.session]
+            if rec.r_qual is not None:
+                c.quality_sum, c.quality_n = c.quality_sum + rec.r_qual, c.quality_n + 1
+            if rec.r_proxy is not None:
+                c.proxy_sum, c.proxy_n = c.proxy_sum + rec.r_proxy, c.proxy_n + 1
         self._counts += counts
         self.session_log += counts
         out = pooled_metrics(counts, "episode")
@@ -360,6 +385,10 @@ class OnlineLearner:
             out.update(pooled_metrics(self._counts, "labels"))
         return out
 
+    def has_pending(self) -> bool:
+        """Whether decisions wait for an update (a checkpoint can only be taken when none do)."""
+        return bool(self._turns or self._holdover)
+
     # ------------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict[str, Any]:
         """Everything to resume between updates: trainable params, optimizer, buffer, RNGs, counters."""
@@ -370,14 +399,15 @@ class OnlineLearner:
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
-            "params": _flat_arrays(nnx.state(self.policies, TRAINABLE)),
-            "rest": _flat_arrays(nnx.state(self.policies, nnx.Not(nnx.Param))),
+            "params": policy_arrays(nnx.state(self.policies, TRAINABLE)),
+            "rest": policy_arrays(nnx.state(self.policies, nnx.Not(nnx.Param))),
             "optimizer": jax.device_get(self.updater.state_dict()),  # host copies: the live state is donated
             "buffer": self.buffer.state_dict(),
             "agent_key": np.asarray(jax.random.key_data(self.agent.key)),
             "rng": self.rng.bit_generator.state,
             "counters": {"episodes_seen": self.episodes_seen, "updates": self.updates,
                          "turns_seen": self.turns_seen, "closed_users": sorted(self._closed)},
+            "session_log": [c.to_json() for c in self.session_log],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -387,9 +417,9 @@ class OnlineLearner:
         targets = {name: nnx.state(self.policies, filt) for name, filt in (("params", TRAINABLE),
                                                                            ("rest", nnx.Not(nnx.Param)))}
         for name, target in targets.items():  # check everything before changing anything
-            _restore_flat(target, state[name], f"OnlineLearner.load_state_dict: {name}", check_only=True)
+            restore_policy_arrays(target, state[name], f"OnlineLearner.load_state_dict: {name}", check_only=True)
         for name, target in targets.items():
-            _restore_flat(target, state[name], f"OnlineLearner.load_state_dict: {name}")
+            restore_policy_arrays(target, state[name], f"OnlineLearner.load_state_dict: {name}")
             nnx.update(self.policies, target)
         self.updater.load_state_dict(state["optimizer"])
         self.buffer = PendingRewardBuffer.from_state_dict(state["buffer"], self.config.reward)
@@ -399,41 +429,9 @@ class OnlineLearner:
         c = state["counters"]
         self.episodes_seen, self.updates, self.turns_seen = c["episodes_seen"], c["updates"], c["turns_seen"]
         self._closed = set(c["closed_users"])
+        self.session_log = [SessionCounts.from_json(x) for x in state.get("session_log", [])]
+        self._counts = []
         self.agent.config = dataclasses.replace(self.agent.config, policy_version=str(self.updates))
-
-
-def _flat_arrays(state: nnx.State) -> dict[str, np.ndarray]:
-    """{'a/b/c': host array} of a state; typed PRNG keys (LoRA dropout streams) as their raw uint32 data."""
-    out = {}
-    for path, var in nnx.to_flat_state(state):
-        value = var.get_value()
-        if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
-            value = jax.random.key_data(value)
-        out["/".join(map(str, path))] = np.asarray(jax.device_get(value))
-    return out
-
-
-def _restore_flat(state: nnx.State, arrays: Mapping[str, Any], where: str, *, check_only: bool = False) -> None:
-    """Writes `_flat_arrays` output back into the variables of `state`; raises naming any mismatch first."""
-    flat = {"/".join(map(str, p)): v for p, v in nnx.to_flat_state(state)}
-    missing, unexpected = sorted(set(flat) - set(arrays)), sorted(set(arrays) - set(flat))
-    bad = [k for k in flat if k in arrays and np.shape(arrays[k]) != np.shape(
-        jax.random.key_data(flat[k].get_value()) if _is_key(flat[k].get_value()) else flat[k].get_value())]
-    if missing or unexpected or bad:
-        raise ValueError(f"{where}: missing {missing[:5]}, unexpected {unexpected[:5]}, mis-shaped {bad[:5]} "
-                         "(another backbone, LoRA or head configuration?)")
-    if check_only:
-        return
-    for key, var in flat.items():
-        current = var.get_value()
-        if _is_key(current):
-            var.set_value(jax.random.wrap_key_data(jnp.asarray(arrays[key]), impl=jax.random.key_impl(current)))
-        else:
-            var.set_value(jnp.asarray(arrays[key], dtype=current.dtype))
-
-
-def _is_key(x: Any) -> bool:
-    return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
 def evaluate(
@@ -443,12 +441,13 @@ def evaluate(
     *,
     agent_config: AgentConfig | None = None,
     backend: LLMBackend | None = None,
-    user_speaker: str = "user",
+    user_speaker: str | None = "user",
     greedy: bool = False,
     seed: int = 0,
 ) -> list[SessionCounts]:
     """Per-session label counts of the policies on labelled episodes, fresh memory per episode, no learning.
 
+    The agent acts on `user_speaker`'s turns (None: on every turn, as online on real data).
     `greedy=False` samples decisions as the online agent does (seeded: the same `seed` gives the same draws
     for the same probabilities); `greedy=True` takes the most likely ones.
     """
@@ -462,7 +461,7 @@ def evaluate(
             for s, session in enumerate(episode.sessions):
                 history: list[tuple[str, str]] = []
                 for t, turn in enumerate(session.turns):
-                    if turn.speaker == user_speaker:
+                    if user_speaker is None or turn.speaker == user_speaker:
                         receipts.append(agent.step(episode.episode_id, turn.text, history=tuple(history),
                                                    episode_id=episode.episode_id, session=s, turn=t)[1])
                     history.append((turn.speaker, turn.text))

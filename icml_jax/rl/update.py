@@ -30,7 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
+from icml_jax import parallel
 from icml_jax.agents.policy import TRAINABLE, MemoryPolicies, planner_evaluate, trainable_group, trigger_evaluate
 from icml_jax.rl.config import PPOConfig
 from icml_jax.rl.losses import combine_agent_losses, masked_mean, ppo_loss
@@ -312,8 +314,16 @@ class JointUpdater:
         self.spec = StepSpec(graphdef, step_config(config))
         self.tx = joint_optimizer(self.spec.config)
         self.opt_state = self.tx.init(nnx.state(policies, TRAINABLE))
-        self.num_skipped = jnp.zeros((), jnp.int32)
+        mesh = parallel.model_mesh(policies)  # step inputs live where its outputs will: one compiled program
+        self._replicated = NamedSharding(mesh, PartitionSpec()) if mesh is not None else None
+        self.num_skipped = self._put(jnp.zeros((), jnp.int32))
+        self.opt_state = jax.tree.map(  # optax makes its step counters on one device
+            lambda x: x if isinstance(getattr(x, "sharding", None), NamedSharding) else self._put(x), self.opt_state)
         self.num_steps = 0
+
+    def _put(self, tree: Any) -> Any:
+        """Replicates small step inputs (counters, epoch-0 placeholders) over the policies' mesh, if any."""
+        return tree if self._replicated is None else jax.device_put(tree, self._replicated)
 
     def split(self) -> tuple[nnx.State, nnx.State, nnx.State]:
         """(trainable, frozen, rest) states of the policies, in the order the step takes them."""
@@ -344,7 +354,7 @@ class JointUpdater:
                 batch = minibatches[k]
                 shapes.add(minibatch_shape(batch))
                 first = olds[k] is None
-                old = OldStats.zeros(len(batch.planner.valid)) if first else olds[k]
+                old = self._put(OldStats.zeros(len(batch.planner.valid))) if first else olds[k]
                 params, self.opt_state, rest, self.num_skipped, anchor, metrics = ppo_step(
                     self.spec, params, frozen, rest, self.opt_state, self.num_skipped, batch, old,
                     jnp.asarray(first))
@@ -384,7 +394,7 @@ class JointUpdater:
                 + (f"; shape mismatch at leaves {bad[:5]} (e.g. {np.shape(got[bad[0]])} vs "
                    f"{np.shape(expected[bad[0]])})" if bad else "")
                 + " (another backbone, LoRA or head configuration?)")
-        leaves = [jnp.asarray(g, dtype=e.dtype) for e, g in zip(expected, got)]
+        leaves = [jax.device_put(jnp.asarray(g, dtype=e.dtype), e.sharding) for e, g in zip(expected, got)]
         self.opt_state = jax.tree.unflatten(jax.tree.structure(self.opt_state), leaves)
-        self.num_skipped = jnp.asarray(state["num_skipped"], jnp.int32)
+        self.num_skipped = self._put(jnp.asarray(state["num_skipped"], jnp.int32))
         self.num_steps = int(state["num_steps"])

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from absl import logging
+from tqdm.auto import tqdm
 
 from icml_jax.data import timegap
 from icml_jax.data.schema import Episode, Session, Turn
@@ -81,8 +82,10 @@ def ask(
     max_attempts: int,
     batch_size: int,
     stats: RequestStats,
+    progress: tqdm | None = None,
 ) -> list[Outcome[T]]:
-    """Sends `requests` in batches, parses each answer with `parse(i, response)`, re-asks the malformed ones."""
+    """Sends `requests` in batches, parses each answer with `parse(i, response)`, re-asks the malformed ones;
+    `progress` advances by each batch of first tries (re-asks are not new work)."""
     outcomes: list[Outcome[T]] = [Outcome() for _ in requests]
     pending = list(range(len(requests)))
     stats.requests += len(requests)
@@ -99,6 +102,8 @@ def ask(
             if len(answers) != len(chunk):
                 raise RuntimeError(f"{backend.name} back end returned {len(answers)} answers for {len(chunk)} requests")
             responses.extend(answers)
+            if attempt == 1:
+                _advance(progress, len(chunk))
         stats.attempts += len(batch)
         stats.reasks += len(batch) if attempt > 1 else 0
         still = []
@@ -138,6 +143,12 @@ class Storyline:
         return out
 
 
+def _advance(progress: tqdm | None, n: int) -> None:
+    """Counts `n` requests as done on the progress bar, if any."""
+    if progress is not None:
+        progress.update(n)
+
+
 def _rejection(seed_id: str, storyline: int | None, stage: str, outcome: Outcome[Any]) -> Rejection:
     logging.warning("synthesis: dropping seed %s storyline %s at %s after %d tries: %s", seed_id, storyline, stage,
                     outcome.attempts, outcome.errors[-1] if outcome.errors else "?")
@@ -145,7 +156,8 @@ def _rejection(seed_id: str, storyline: int | None, stage: str, outcome: Outcome
 
 
 def write_seed_sessions(backend: LLMBackend, seeds: Sequence[SeedSpec], config: SynthesisConfig,
-                        stats: RequestStats, rejections: list[Rejection]) -> list[SeedSpec]:
+                        stats: RequestStats, rejections: list[Rejection], *,
+                        progress: tqdm | None = None) -> list[SeedSpec]:
     """Seeds with their session: given ones as they are, the rest written by the back end; failures rejected."""
     todo = [s for s in seeds if s.session is None]
     world = config.world
@@ -161,11 +173,12 @@ def write_seed_sessions(backend: LLMBackend, seeds: Sequence[SeedSpec], config: 
                                        assistant_speaker=world.assistant_speaker,
                                        max_turns=config.max_turns_per_session, want_gap=False)
     outcomes = ask(backend, requests, parse, max_attempts=config.max_attempts, batch_size=config.batch_size,
-                   stats=stats)
+                   stats=stats, progress=progress)
     written = {}
     for seed, out in zip(todo, outcomes, strict=True):
         if out.value is None:
             rejections.append(_rejection(seed.seed_id, None, "seed", out))
+            _advance(progress, config.storylines_per_seed * (2 * config.prequels_per_storyline + 1))
         else:
             written[seed.seed_id] = dataclasses.replace(seed, session=out.value.session)
     return [s if s.session is not None else written[s.seed_id] for s in seeds
@@ -173,7 +186,8 @@ def write_seed_sessions(backend: LLMBackend, seeds: Sequence[SeedSpec], config: 
 
 
 def write_prequels(backend: LLMBackend, storylines: list[Storyline], config: SynthesisConfig,
-                   stats: RequestStats, rejections: list[Rejection]) -> list[Storyline]:
+                   stats: RequestStats, rejections: list[Rejection], *,
+                   progress: tqdm | None = None) -> list[Storyline]:
     """Grows every storyline backwards by `prequels_per_storyline` sessions; returns the ones that made it."""
     world, P = config.world, config.prequels_per_storyline
     alive = storylines
@@ -189,11 +203,12 @@ def write_prequels(backend: LLMBackend, storylines: list[Storyline], config: Syn
                                            assistant_speaker=world.assistant_speaker,
                                            max_turns=config.max_turns_per_session, want_gap=True)
         outcomes = ask(backend, requests, parse, max_attempts=config.max_attempts, batch_size=config.batch_size,
-                       stats=stats)
+                       stats=stats, progress=progress)
         survivors = []
         for st, out in zip(alive, outcomes, strict=True):
             if out.value is None:
                 rejections.append(_rejection(st.seed.seed_id, st.index, f"prequel_{k}", out))
+                _advance(progress, 2 * P - k)  # its later prequels and all its annotations
             else:
                 st.sessions.insert(0, out.value)
                 survivors.append(st)
@@ -208,7 +223,8 @@ def _parse_labels(sessions: list[list[Session]], current: int, user_speaker: str
 
 
 def annotate(backend: LLMBackend, storylines: list[Storyline], config: SynthesisConfig,
-             stats: RequestStats, rejections: list[Rejection]) -> list[Storyline]:
+             stats: RequestStats, rejections: list[Rejection], *,
+             progress: tqdm | None = None) -> list[Storyline]:
     """Labels every user turn of every session, oldest session first; returns the storylines fully labelled."""
     alive = storylines
     num_sessions = config.prequels_per_storyline + 1
@@ -221,11 +237,12 @@ def annotate(backend: LLMBackend, storylines: list[Storyline], config: Synthesis
         parse = functools.partial(_parse_labels, [[w.session for w in st.sessions] for st in alive], s,
                                   config.world.user_speaker)
         outcomes = ask(backend, requests, parse, max_attempts=config.max_attempts, batch_size=config.batch_size,
-                       stats=stats)
+                       stats=stats, progress=progress)
         survivors = []
         for st, out in zip(alive, outcomes, strict=True):
             if out.value is None:
                 rejections.append(_rejection(st.seed.seed_id, st.index, f"annotate_{s}", out))
+                _advance(progress, num_sessions - 1 - s)  # its later annotations
             else:
                 st.labels.append(out.value)
                 survivors.append(st)
@@ -269,13 +286,20 @@ class SynthesisResult:
 
 
 def synthesize_episodes(config: SynthesisConfig, backend: LLMBackend, seeds: Sequence[SeedSpec]) -> SynthesisResult:
-    """Seeds -> seed sessions -> storylines written backwards -> annotated forwards -> labelled Episodes."""
+    """Seeds -> seed sessions -> storylines written backwards -> annotated forwards -> labelled Episodes.
+
+    A progress bar (stderr) counts the first tries of every request the storylines need (seed sessions,
+    prequels, annotations); a dropped storyline's remaining requests count as done, so its total and ETA hold.
+    """
     stats, rejections = RequestStats(), []
-    ready = write_seed_sessions(backend, seeds, config, stats, rejections)
-    storylines = [Storyline(seed, j, [WrittenSession(seed.session, None)])
-                  for seed in ready for j in range(config.storylines_per_seed)]
-    storylines = write_prequels(backend, storylines, config, stats, rejections)
-    storylines = annotate(backend, storylines, config, stats, rejections)
+    per_storyline = 2 * config.prequels_per_storyline + 1
+    total = sum(s.session is None for s in seeds) + len(seeds) * config.storylines_per_seed * per_storyline
+    with tqdm(total=total, desc="synthesis storylines", unit="request", leave=False) as progress:
+        ready = write_seed_sessions(backend, seeds, config, stats, rejections, progress=progress)
+        storylines = [Storyline(seed, j, [WrittenSession(seed.session, None)])
+                      for seed in ready for j in range(config.storylines_per_seed)]
+        storylines = write_prequels(backend, storylines, config, stats, rejections, progress=progress)
+        storylines = annotate(backend, storylines, config, stats, rejections, progress=progress)
     episodes = tuple(to_episode(st, config, backend.name) for st in storylines)
     logging.info("synthesis: %d episodes from %d seeds, %d rejections, %s", len(episodes), len(seeds),
                  len(rejections), stats)

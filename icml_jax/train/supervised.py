@@ -33,6 +33,7 @@ import numpy as np
 import optax
 from absl import logging
 from flax import nnx
+from tqdm.auto import tqdm
 
 from icml_jax.configlib import known_fields
 from icml_jax.agents import observation as obs
@@ -466,7 +467,8 @@ def warmup(
     workdir: str | os.PathLike[str] | None,
 ) -> WarmupResult:
     """Trains `policies` in place on the expert data (a synthesis directory or ExpertData); when `workdir` is
-    given, saves the trained state to `<workdir>/warmup` (Orbax) with the metrics. Returns the report."""
+    given, saves the trained state to `<workdir>/warmup` (Orbax) with the metrics. Returns the report.
+    A progress bar (stderr) counts the optimisation steps."""
     if not isinstance(config, WarmupConfig):
         config = WarmupConfig.from_config(config)
     if not isinstance(data, ExpertData):
@@ -489,7 +491,7 @@ def warmup(
     skipped = jnp.zeros((), jnp.int32)
     history: list[dict[str, float]] = []
     last: dict[str, dict[str, float]] = {}
-    for i, agent in enumerate(order):
+    for i, agent in enumerate(tqdm(order, desc="warm-up steps", unit="step", leave=False)):
         trainable, rng_state, opt_state, skipped, metrics = steps[agent](
             graphdef, trainable, rng_state, opt_state, frozen, next(streams[agent]), skipped)
         last[agent] = metrics

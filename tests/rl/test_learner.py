@@ -191,3 +191,34 @@ def test_config_errors_name_the_field():
         LearnerConfig(update_every=0)
     with pytest.raises(ValueError, match="greedy"):
         LearnerConfig(agent=AgentConfig(greedy=True))
+
+
+def test_user_speaker_none_acts_at_every_turn_of_a_real_two_speaker_episode(tmp_path):
+    """Real-data format (GapChat, two speakers, no labels): with user_speaker None every turn gets a receipt,
+    the memory is the episode user's, the update runs; `evaluate` honours user_speaker the same way."""
+    from pathlib import Path
+
+    from icml_jax.data.sources import parse_gapchat
+    from icml_jax.rl.learner import evaluate
+
+    fixture = Path(__file__).resolve().parents[1] / "data" / "fixtures" / "gapchat" / "test" / "4_session.json"
+    episode = next(e for e in parse_gapchat(fixture) if e.episode_id == "gapchat-test-4-1")
+    every = [(s, t) for s, session in enumerate(episode.sessions) for t in range(len(session.turns))]
+    assert len(every) == 6 and {turn.speaker for s in episode.sessions for turn in s.turns} == {"speaker_1",
+                                                                                                "speaker_2"}
+    learner, tokenizer = build_learner(RUN, tmp_path)
+    with pytest.raises(ValueError, match="no turn of speaker 'user'.*LearnerConfig.user_speaker"):
+        learner.run_episode(episode)
+    learner.config = dataclasses.replace(learner.config, user_speaker=None)
+    out = learner.run_episode(episode)
+    receipts = learner.last_receipts
+    assert [(r.session, r.turn) for r in receipts] == every and out["episode/turns"] == 6.0
+    assert {r.user_id for r in receipts} == {episode.episode_id} and "update/index" in out
+    saved = {r.fragment.fragment_id for r in receipts if r.fragment is not None}
+    assert saved == {f.fragment_id for f in learner.store.fragments(episode.episode_id)}
+    assert [c.turns for c in learner.session_log] == [2, 2, 2]
+
+    agent_cfg = AgentConfig(observation=learning_observation())
+    both = evaluate(learner.policies, tokenizer, [episode], agent_config=agent_cfg, user_speaker=None)
+    one = evaluate(learner.policies, tokenizer, [episode], agent_config=agent_cfg, user_speaker="speaker_1")
+    assert [c.turns for c in both] == [2, 2, 2] and [c.turns for c in one] == [1, 1, 1]

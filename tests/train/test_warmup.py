@@ -212,3 +212,15 @@ def test_the_online_learner_starts_from_the_warmup_state(runs, world_tokenizer):
     ref = planner_evaluate(trained, jnp.asarray(receipt.planner.tokens[None]), jnp.asarray(receipt.planner.mask[None]),
                            jnp.ones((1,), jnp.int32))
     assert receipt.planner.prob_save == pytest.approx(float(ref.probs[0]), abs=1e-5) and receipt.planner.prob_save > 0.9
+
+
+def test_warmup_shows_a_bar_over_its_steps(runs, world_tokenizer, capsys):
+    """One epoch on seed 0's data with policies of the same structure (nothing compiles again)."""
+    _, template, root = runs[0]
+    policies = make_policies(len(world_tokenizer), backbone_seed=0, seed=0, template=template)
+    scorers = {"score_planner": supervised._score_planner._cache_size(),  # other tests' structures count too
+               "score_trigger": supervised._score_trigger._cache_size()}
+    result = warmup(dataclasses.replace(CONFIG, epochs=1), policies, world_tokenizer, root / "data", None)
+    err = capsys.readouterr().err
+    assert "warm-up steps" in err and f"0/{result.steps}" in err
+    assert result.compilations == {"planner_step": 1, "trigger_step": 1, **scorers}

@@ -1,0 +1,270 @@
+"""Interactive terminal chat with a trained agent: `python -m icml_jax.chat --workdir=DIR --user=alice`.
+
+Loads the run config (`<workdir>/config.json`) and the trained policy (`<workdir>/policy`, else the warm-up
+checkpoint `<workdir>/warmup`), and chats as one user whose memories persist across restarts in
+`<workdir>/chat/memory.sqlite`. Each process continues the user's conversation as a new session (episode
+"chat", session = one more than the highest stored for the user), so fragment ids of different runs never
+collide. Decisions are greedy, so a given state always gives the same chat. Commands: /memories, /forget ID,
+/why, /help, /quit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import ml_collections
+from absl import app, flags, logging
+
+from icml_jax import main as job  # build_models; also defines the shared --workdir flag
+
+EPISODE_ID = "chat"
+CONFIG_FILE = "config.json"
+POLICY_DIR = job.POLICY_DIR
+WARMUP_DIR = "warmup"
+MEMORY_DB = Path("chat") / "memory.sqlite"
+HELP = """commands:
+  /memories   list your memories (id, session/turn, text)
+  /forget ID  delete one of your memories
+  /why        explain the last reply (memory used, with what probability; whether the turn was saved)
+  /help       this help
+  /quit       leave (Ctrl-D works too)"""
+
+
+class ChatError(RuntimeError):
+    """The chat cannot start; the message says what is missing and what to run."""
+
+
+def _run_hint(workdir: Path) -> str:
+    return f"train an agent first: python -m icml_jax.main --config=configs/demo.py --workdir={workdir}"
+
+
+def load_run_config(workdir: Path) -> ml_collections.ConfigDict:
+    """The run's config as the main job wrote it (`<workdir>/config.json`; lists stand where tuples were)."""
+    path = workdir / CONFIG_FILE
+    if not path.is_file():
+        raise ChatError(f"{path} does not exist: {workdir} holds no finished run; {_run_hint(workdir)}")
+    return ml_collections.ConfigDict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def find_checkpoint(workdir: Path) -> tuple[Path, str]:
+    """(checkpoint dir, note): the final policy, else the warm-up checkpoint with a note saying so."""
+    from icml_jax.train.checkpoint import META_FILE
+
+    policy, warm = workdir / POLICY_DIR, workdir / WARMUP_DIR
+    if (policy / META_FILE).is_file():
+        return policy, ""
+    if (warm / META_FILE).is_file():
+        return warm, f"note: {policy} does not exist; using the warm-up checkpoint {warm} (no online learning)"
+    raise ChatError(f"no trained policy in {workdir}: neither {policy} nor a warm-up checkpoint {warm} exists; "
+                    f"{_run_hint(workdir)}")
+
+
+@dataclasses.dataclass
+class ChatModel:
+    """A trained agent's parts, loaded once from a workdir and shared by the chat sessions built on it."""
+
+    workdir: Path
+    checkpoint: Path
+    note: str  # empty, or why a fallback checkpoint is used
+    policies: Any
+    tokenizer: Any
+    generator: Any  # LLMBackend: replies and memory notes
+    agent_config: Any  # AgentConfig (greedy)
+    speakers: tuple[str, str]  # (user, assistant) labels of the history the policies were trained on
+
+    def agent(self, store: Any) -> Any:
+        """A MemoryAgent on `store` (greedy: deterministic for a given policy and memory)."""
+        from icml_jax.agents.agent import MemoryAgent
+
+        return MemoryAgent(self.policies, self.tokenizer, store, self.generator, config=self.agent_config)
+
+    def close(self) -> None:
+        """Releases the back end (e.g. Gemini's connection pool)."""
+        self.generator.close()
+
+
+def load_model(workdir: str | Path) -> ChatModel:
+    """Rebuilds the run's policies and tokenizer, restores the trained state and builds the reply back end."""
+    from icml_jax.agents.agent import AgentConfig
+    from icml_jax.agents.observation import ObservationConfig
+    from icml_jax.llm.registry import make_backend
+    from icml_jax.llm.types import MissingAPIKeyError
+    from icml_jax.train.checkpoint import load_warmup
+
+    workdir = Path(workdir).expanduser().absolute()
+    config = load_run_config(workdir)
+    checkpoint, note = find_checkpoint(workdir)
+    try:
+        generator = make_backend(config.llm.generator)
+    except MissingAPIKeyError as exc:  # the key is read from the environment only; never printed
+        raise ChatError(f"config.llm.generator of {workdir} is a Gemini back end: {exc}") from None
+    try:
+        policies, tokenizer = job.build_models(config, workdir)
+        meta = load_warmup(checkpoint, policies)
+    except (OSError, ValueError) as exc:
+        generator.close()
+        raise ChatError(f"cannot restore the policy of {workdir} from {checkpoint}: {exc}") from None
+    policies.eval()  # adapter dropout off
+    world, learner = config.data.get("world") or {}, config.get("learner") or {}
+    agent_config = AgentConfig(
+        observation=ObservationConfig(**config.observation.to_dict()), greedy=True,
+        reply_temperature=float(learner.get("reply_temperature", 0.7)),
+        reply_max_tokens=int(learner.get("reply_max_tokens", 256)),
+        policy_version=str(meta.get("policy_version", checkpoint.name)))
+    speakers = (str(world.get("user_speaker", "user")), str(world.get("assistant_speaker", "assistant")))
+    return ChatModel(workdir, checkpoint, note, policies, tokenizer, generator, agent_config, speakers)
+
+
+class ChatSession:
+    """One user's chat: a MemoryAgent on a file-backed store, this session's dialogue and the last receipt."""
+
+    def __init__(self, model: ChatModel, store: Any, user_id: str, *, owns_store: bool = False) -> None:
+        if not user_id:
+            raise ChatError("--user is required: the chat keeps one memory per user")
+        self.model, self.store, self.user_id = model, store, user_id
+        self.agent = model.agent(store)
+        self.session = 1 + max((f.session for f in store.fragments(user_id, episode_id=EPISODE_ID)), default=0)
+        self.history: list[tuple[str, str]] = []  # this session's dialogue, (speaker, text), oldest first
+        self.last_receipt: Any = None
+        self._owns_store = owns_store
+
+    @classmethod
+    def open(cls, workdir: str | Path, user_id: str, memory_db: str | Path | None = None,
+             model: ChatModel | None = None) -> ChatSession:
+        """A session on `<workdir>/chat/memory.sqlite` (or `memory_db`); loads the model unless given."""
+        from icml_jax.memory.store import MemoryStore
+
+        model = model or load_model(workdir)
+        db = Path(memory_db).expanduser() if memory_db else model.workdir / MEMORY_DB
+        return cls(model, MemoryStore(db), user_id, owns_store=True)
+
+    def close(self) -> None:
+        """Closes the store if this session opened it."""
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> ChatSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def banner(self) -> str:
+        """What the chat says first: who, which policy, how many memories, and how to get help."""
+        lines = [self.model.note] if self.model.note else []
+        lines.append(f"chatting as {self.user_id!r} (session {self.session}, {self.store.count(self.user_id)} "
+                     f"memories; policy {self.model.checkpoint}). /help for commands, /quit to leave.")
+        return "\n".join(lines)
+
+    def send(self, text: str) -> str:
+        """One user turn: the agent's reply. The turn index is the utterance's position in this session's dialogue
+        (user and assistant lines, as in the datasets); whether it was saved, /why tells."""
+        user, assistant = self.model.speakers
+        reply, receipt = self.agent.step(self.user_id, text, history=tuple(self.history), episode_id=EPISODE_ID,
+                                         session=self.session, turn=len(self.history))
+        self.history += [(user, text), (assistant, reply)]
+        self.last_receipt = receipt
+        return reply
+
+    def command(self, line: str) -> str:
+        """Runs a `/command` line and returns what to print."""
+        name, _, arg = line.strip().partition(" ")
+        arg = arg.strip()
+        if name == "/help":
+            return HELP
+        if name == "/memories":
+            frags = self.store.fragments(self.user_id)
+            if not frags:
+                return f"no memories for {self.user_id!r}"
+            return "\n".join(f"{f.fragment_id}  s{f.session}/t{f.turn}  {f.text}" for f in frags)
+        if name == "/forget":
+            if not arg:
+                return "usage: /forget ID (ids are listed by /memories)"
+            if self.store.delete(self.user_id, arg):
+                return f"forgot {arg}"
+            return f"no memory {arg} for {self.user_id!r}; nothing deleted"
+        if name == "/why":
+            return self.last_receipt.summary() if self.last_receipt else "nothing to explain yet: say something first"
+        return f"unknown command {name!r}; /help lists the commands"
+
+
+QUIT = ("/quit", "/exit")
+
+
+def _read(input_stream: TextIO, prompt: str) -> str | None:
+    """One line (None at EOF); prompts only when a person is typing."""
+    if input_stream is sys.stdin and sys.stdin.isatty():
+        try:
+            return input(prompt)
+        except EOFError:
+            return None
+    line = input_stream.readline()
+    return line if line else None
+
+
+def repl(session: ChatSession, input_stream: TextIO, output_stream: TextIO) -> int:
+    """Reads lines until /quit or EOF: `/commands` are run, other non-empty lines go to the agent; returns 0."""
+    from icml_jax.llm.types import BackendError
+    from icml_jax.memory.store import MemoryStoreError
+
+    def say(text: str) -> None:
+        output_stream.write(text + "\n")
+        output_stream.flush()
+
+    say(session.banner())
+    prompt = f"{session.user_id}> "
+    try:
+        while (line := _read(input_stream, prompt)) is not None:
+            line = line.strip()
+            if not line:
+                continue
+            if line.split()[0] in QUIT:
+                break
+            try:
+                say(session.command(line) if line.startswith("/") else f"assistant: {session.send(line)}")
+            except (BackendError, MemoryStoreError) as exc:  # one failed turn does not end the chat
+                say(f"error: {exc}")
+    except KeyboardInterrupt:
+        say("")
+    say("bye")
+    return 0
+
+
+if "workdir" not in flags.FLAGS:  # normally defined by icml_jax.main, imported above
+    flags.DEFINE_string("workdir", None, "directory of a finished run (config.json, policy/)")
+flags.declare_key_flag("workdir")  # listed by --help
+_USER = flags.DEFINE_string("user", None, "who is chatting: the chat keeps one memory per user")
+_MEMORY_DB = flags.DEFINE_string("memory_db", None, "SQLite memory store (default <workdir>/chat/memory.sqlite)")
+
+
+def main(argv: Sequence[str]) -> None:
+    """absl entry point: a chat that cannot start exits with one `chat error: ...` line and status 2."""
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    workdir = flags.FLAGS.workdir
+    if not workdir or not _USER.value:
+        raise app.UsageError("--workdir and --user are required, e.g. --workdir=/tmp/icml_demo --user=alice")
+    from icml_jax.memory.store import MemoryStoreError
+
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # keep Orbax's INFO lines out of the conversation
+    try:
+        session = ChatSession.open(workdir, _USER.value, _MEMORY_DB.value)
+    except (ChatError, MemoryStoreError, ValueError) as exc:
+        print(f"chat error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        code = repl(session, sys.stdin, sys.stdout)
+    finally:
+        session.close()
+        session.model.close()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,140 @@
+"""Orbax checkpoints of an online run, so a killed run resumes where its last complete checkpoint left it.
+
+A checkpoint is one step directory `<dir>/<step>` (step = episodes seen) with two Orbax items: `arrays` (every
+array: policy parameters and RNG streams, optimizer state, the agent's key) and `state` (JSON: pending reward
+buffer, NumPy RNG state, counters, session log, every user's memory store, the data stream's position and the
+metrics file's length). Saves are asynchronous; Orbax writes into a temporary directory and renames it only
+once every item is on disk, so a kill mid-write leaves the previous checkpoint as the latest one.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from icml_jax.memory.store import MemoryStore
+
+ARRAYS, STATE = "arrays", "state"
+
+
+def _is_key(x: Any) -> bool:
+    return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def policy_arrays(state: nnx.State) -> dict[str, np.ndarray]:
+    """{'a/b/c': host array} of a state; typed PRNG keys (LoRA dropout streams) as their raw uint32 data."""
+    out = {}
+    for path, var in nnx.to_flat_state(state):
+        value = var.get_value()
+        if _is_key(value):
+            value = jax.random.key_data(value)
+        out["/".join(map(str, path))] = np.asarray(jax.device_get(value))
+    return out
+
+
+def restore_policy_arrays(state: nnx.State, arrays: Mapping[str, Any], where: str, *, check_only: bool = False) -> None:
+    """Writes `policy_arrays` output back into the variables of `state`; raises naming any mismatch first."""
+    flat = {"/".join(map(str, p)): v for p, v in nnx.to_flat_state(state)}
+    missing, unexpected = sorted(set(flat) - set(arrays)), sorted(set(arrays) - set(flat))
+
+    def shape(var: nnx.Variable) -> tuple[int, ...]:
+        value = var.get_value()
+        return np.shape(jax.random.key_data(value) if _is_key(value) else value)
+
+    bad = [k for k in flat if k in arrays and np.shape(arrays[k]) != shape(flat[k])]
+    if missing or unexpected or bad:
+        raise ValueError(f"{where}: missing {missing[:5]}, unexpected {unexpected[:5]}, mis-shaped {bad[:5]} "
+                         "(another backbone, LoRA or head configuration?)")
+    if check_only:
+        return
+    for key, var in flat.items():
+        current = var.get_value()
+        sharding = getattr(current, "sharding", None)
+        if _is_key(current):
+            value = jax.random.wrap_key_data(jnp.asarray(arrays[key]), impl=jax.random.key_impl(current))
+        else:
+            value = jnp.asarray(arrays[key], dtype=current.dtype)
+        var.set_value(jax.device_put(value, sharding) if sharding is not None else value)
+
+
+def memory_state(store: MemoryStore) -> dict[str, str]:
+    """Every user's memory as its JSON Lines export (user id -> text), for a checkpoint's JSON item."""
+    out = {}
+    for user in store.user_ids():
+        buf = io.StringIO()
+        store.export_jsonl(user, buf)
+        out[user] = buf.getvalue()
+    return out
+
+
+def load_memory_state(store: MemoryStore, state: Mapping[str, str]) -> None:
+    """Replaces the store's contents with `memory_state` output (every user, all or nothing per user)."""
+    for user in store.user_ids():
+        store.delete_user(user)
+    for user, text in state.items():
+        store.import_jsonl(user, io.StringIO(text))
+
+
+class RunCheckpointer:
+    """Saves and restores run checkpoints under one directory, keeping the last `keep`."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, keep: int = 3, async_save: bool = True) -> None:
+        if not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"RunCheckpointer: keep must be a positive int, got {keep!r}")
+        self.directory = Path(directory).absolute()
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
+                                               cleanup_tmp_directories=True)
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=(ARRAYS, STATE))
+
+    def save(self, step: int, arrays: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+        """Starts writing checkpoint `step` (returns before it is on disk when async); arrays must be host copies."""
+        self._manager.save(step, args=ocp.args.Composite(**{ARRAYS: ocp.args.StandardSave(dict(arrays)),
+                                                             STATE: ocp.args.JsonSave(dict(state))}), force=True)
+
+    def latest_step(self) -> int | None:
+        """The newest complete checkpoint's step (a half-written one is never listed)."""
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """Steps of the complete checkpoints kept, oldest first."""
+        return sorted(self._manager.all_steps())
+
+    def restore(self, step: int | None = None) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
+        """(step, arrays as NumPy, state) of checkpoint `step` (default: the latest); None when there is none."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            return None
+        out = self._manager.restore(step, args=ocp.args.Composite(**{ARRAYS: ocp.args.StandardRestore(),
+                                                                     STATE: ocp.args.JsonRestore()}))
+        return step, jax.tree.map(np.asarray, dict(out[ARRAYS])), dict(out[STATE])
+
+    def restore_state(self, step: int | None = None) -> tuple[int, dict[str, Any]] | None:
+        """(step, JSON state) of checkpoint `step` (default: the latest) without reading its arrays."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            return None
+        out = self._manager.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.JsonRestore()}))
+        return step, dict(out[STATE])
+
+    def wait(self) -> None:
+        """Blocks until the last save is complete on disk."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Finishes pending saves and releases the manager."""
+        self._manager.close()
+
+    def __enter__(self) -> RunCheckpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

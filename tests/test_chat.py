@@ -1,0 +1,220 @@
+"""The terminal chat: memories that survive a restart, /forget, /why, per-user isolation, determinism, clear
+errors without a trained policy, and `python -m icml_jax.chat` on piped stdin.
+
+The workdir is built here, not trained: the tiny demo model with its Planner biased to always save and its
+Trigger aimed (from the features of the exact observation) at the stored fact for the dinner question.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax.numpy as jnp
+import ml_collections
+import pytest
+
+from icml_jax import chat
+from icml_jax import main as job
+from icml_jax.agents import observation as obs
+from icml_jax.agents.policy import _features
+from icml_jax.train.checkpoint import save_warmup
+
+ROOT = Path(__file__).resolve().parents[1]
+FACT = "Just so you know, I only eat vegan food."
+OTHER = "I've been eating keto for a while now."
+QUERY = "Can you suggest something for dinner tonight?"
+
+
+def tiny_config() -> ml_collections.ConfigDict:
+    """configs/demo.py shrunk: a 16-wide one-layer backbone and a one-kind world (a small vocabulary)."""
+    spec = importlib.util.spec_from_file_location("test_chat_demo_config", ROOT / "configs" / "demo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    config.model.hidden = 16
+    config.policy.match_rank = 4
+    config.data.world.fact_kinds = ["diet"]
+    config.synthesis.world.fact_kinds = ["diet"]
+    return config
+
+
+def write_config(workdir: Path, config: ml_collections.ConfigDict) -> None:
+    """config.json exactly as the main job writes it."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A finished run's workdir: config.json and policy/ (always saves; retrieves FACT for QUERY)."""
+    root = tmp_path_factory.mktemp("chat_run")
+    config = tiny_config()
+    write_config(root, config)
+    policies, tokenizer = job.build_models(config, root)
+    policies.eval()
+    policies.planner_actor.bias[...] = jnp.full((1,), 4.0)  # kernel is zero: p_save = sigmoid(4) for every turn
+    ocfg = obs.ObservationConfig(**config.observation.to_dict())
+    tokens, mask, _ = obs.encode_trigger(tokenizer, [obs.trigger_texts([], QUERY, [FACT], ocfg)], ocfg)
+    h = _features(policies.trigger_backbone, jnp.asarray(tokens[0, :2]), jnp.asarray(mask[0, :2]), policies.pooling)
+    direction = h[1] - h[0]  # memory option minus "none": FACT outscores "none" by 10 logits for QUERY
+    policies.trigger_actor.kernel[...] = (10.0 * direction / jnp.sum(direction**2))[:, None]
+    save_warmup(root / chat.POLICY_DIR, policies)
+    return root
+
+
+@pytest.fixture(scope="module")
+def model(workdir) -> chat.ChatModel:
+    loaded = chat.load_model(workdir)
+    yield loaded
+    loaded.close()
+
+
+def memory_ids(session: chat.ChatSession) -> list[str]:
+    return [f.fragment_id for f in session.store.fragments(session.user_id)]
+
+
+def test_fact_survives_restart_and_is_retrieved(workdir, model):
+    with chat.ChatSession.open(workdir, "alice", model=model) as first:
+        assert first.session == 1 and first.command("/memories") == "no memories for 'alice'"
+        first.send(FACT)
+        saved = first.last_receipt.fragment
+        assert saved is not None and saved.text == FACT and (saved.session, saved.turn) == (1, 0)
+        assert f"{saved.fragment_id}  s1/t0  {FACT}" in first.command("/memories")
+    assert (workdir / "chat" / "memory.sqlite").is_file()
+
+    with chat.ChatSession.open(workdir, "alice", model=model) as second:  # a restart: a new session
+        assert second.session == 2 and saved.fragment_id in second.command("/memories")
+        reply = second.send(QUERY)
+        receipt = second.last_receipt
+        assert receipt.trigger.candidate_ids == (saved.fragment_id,)
+        assert receipt.memory_used is not None and receipt.memory_used.fragment_id == saved.fragment_id
+        assert receipt.trigger.prob > 0.99 and "vegan" in reply
+        assert receipt.fragment.fragment_id != saved.fragment_id and (receipt.session, receipt.turn) == (2, 0)
+        second.send(OTHER)  # turn index counts this session's dialogue (user + assistant)
+        assert second.last_receipt.turn == 2 and second.history[0] == ("user", QUERY)
+        assert len(second.history) == 4 and second.history[1][0] == "assistant"
+
+
+def test_forget_removes_one_memory_of_that_user_only(workdir, model, tmp_path):
+    db = tmp_path / "memory.sqlite"
+    with chat.ChatSession.open(workdir, "erin", db, model=model) as erin, \
+            chat.ChatSession.open(workdir, "frank", db, model=model) as frank:
+        erin.send(FACT)
+        erin.send(OTHER)
+        frank.send(FACT)
+        (kept_frank,) = memory_ids(frank)
+        first, second = memory_ids(erin)
+        assert erin.command(f"/forget {kept_frank}") == f"no memory {kept_frank} for 'erin'; nothing deleted"
+        assert memory_ids(frank) == [kept_frank]
+        assert erin.command(f"/forget {first}") == f"forgot {first}"
+        assert memory_ids(erin) == [second] and memory_ids(frank) == [kept_frank]
+        assert erin.command(f"/forget {first}").startswith("no memory") and memory_ids(erin) == [second]
+        assert erin.command("/forget").startswith("usage: /forget ID")
+
+
+def test_why_shows_the_last_receipt(workdir, model, tmp_path):
+    with chat.ChatSession.open(workdir, "gina", tmp_path / "m.sqlite", model=model) as s:
+        assert s.command("/why").startswith("nothing to explain yet")
+        s.send(FACT)
+        why = s.command("/why")
+        assert why == s.last_receipt.summary()
+        assert "used no memory" in why and f"saved this turn as {s.last_receipt.fragment.fragment_id}" in why
+        assert "p_save 98%" in why  # sigmoid(4)
+        s.send(QUERY)
+        assert s.command("/why").startswith(f"used memory {s.last_receipt.memory_used.fragment_id} (100%)")
+
+
+def test_users_are_isolated(workdir, model, tmp_path):
+    db = tmp_path / "m.sqlite"
+    with chat.ChatSession.open(workdir, "hana", db, model=model) as hana:
+        hana.send(FACT)
+        assert len(memory_ids(hana)) == 1
+    with chat.ChatSession.open(workdir, "ivan", db, model=model) as ivan:
+        assert ivan.session == 1 and ivan.command("/memories") == "no memories for 'ivan'"
+        reply = ivan.send(QUERY)
+        assert ivan.last_receipt.trigger.candidate_ids == () and ivan.last_receipt.memory_used is None
+        assert "vegan" not in reply
+
+
+def test_same_state_gives_the_same_chat(workdir, model, tmp_path):
+    script = [FACT, "hello there", QUERY, OTHER]
+
+    def transcript(db: Path) -> list[tuple[str, str, tuple[float, ...], float]]:
+        with chat.ChatSession.open(workdir, "jo", db, model=model) as s:
+            out = []
+            for line in script:
+                reply = s.send(line)
+                r = s.last_receipt
+                out.append((reply, r.summary(), r.trigger.probs, r.planner.prob_save))
+            return out
+
+    a, b = transcript(tmp_path / "a.sqlite"), transcript(tmp_path / "b.sqlite")
+    assert a == b and a[2][0] != a[0][0]
+
+
+def test_repl_commands_and_eof(workdir, model, tmp_path):
+    with chat.ChatSession.open(workdir, "kim", tmp_path / "m.sqlite", model=model) as s:
+        out = io.StringIO()
+        assert chat.repl(s, io.StringIO(f"\n   \n{FACT}\n/bogus\n/help\n/memories\n"), out) == 0  # EOF ends it
+        text = out.getvalue()
+        assert text.startswith("chatting as 'kim' (session 1, 0 memories") and text.rstrip().endswith("bye")
+        assert text.count("assistant: ") == 1 and "unknown command '/bogus'; /help lists" in text
+        assert "/forget ID" in text and f"s1/t0  {FACT}" in text
+        out = io.StringIO()
+        chat.repl(s, io.StringIO("/quit\nnot read\n"), out)
+        assert "assistant:" not in out.getvalue() and len(memory_ids(s)) == 1
+
+
+def test_clear_errors_without_a_trained_policy(workdir, tmp_path, monkeypatch):
+    with pytest.raises(chat.ChatError, match=r"config.json does not exist.*python -m icml_jax.main --config="):
+        chat.load_model(tmp_path / "never_ran")
+    empty = tmp_path / "no_policy"
+    shutil.copy(workdir / "config.json", empty.mkdir() or empty / "config.json")
+    with pytest.raises(chat.ChatError) as err:
+        chat.load_model(empty)
+    assert f"no trained policy in {empty}" in str(err.value) and f"--workdir={empty}" in str(err.value)
+
+    gemini = tmp_path / "gemini"  # a Gemini generator without a key: the clear error, the key never shown
+    config = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+    config.llm.generator = ml_collections.ConfigDict(dict(kind="gemini", model="gemini-2.5-flash"))
+    write_config(gemini, config)
+    shutil.copytree(workdir / chat.POLICY_DIR, gemini / chat.POLICY_DIR)
+    monkeypatch.delenv("GEMINI_API_KEY", raising=False)
+    monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
+    with pytest.raises(chat.ChatError, match="Gemini back end: gemini back end: no API key found; set one of"):
+        chat.load_model(gemini)
+
+
+def test_falls_back_to_the_warmup_checkpoint(workdir, tmp_path):
+    warm = tmp_path / "warm"
+    write_config(warm, tiny_config())
+    shutil.copytree(workdir / chat.POLICY_DIR, warm / chat.WARMUP_DIR)
+    loaded = chat.load_model(warm)
+    assert loaded.checkpoint == warm / "warmup" and "using the warm-up checkpoint" in loaded.note
+    with chat.ChatSession.open(warm, "lee", model=loaded) as s:
+        assert s.banner().startswith(f"note: {warm / 'policy'} does not exist")
+        assert "vegan" in s.send(FACT)
+    loaded.close()
+
+
+def test_command_line_chat(workdir, tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    cmd = [sys.executable, "-m", "icml_jax.chat", f"--workdir={workdir}", "--user=max",
+           f"--memory_db={tmp_path / 'cli.sqlite'}"]
+    done = subprocess.run(cmd, input=f"{FACT}\nhello there\n/memories\n/quit\n", capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("assistant: ") == 2 and f"s1/t0  {FACT}" in done.stdout and "bye" in done.stdout
+    assert "Traceback" not in done.stderr and (tmp_path / "cli.sqlite").is_file()
+
+    missing = subprocess.run([*cmd[:3], f"--workdir={tmp_path / 'nothing'}", "--user=max"], input="",
+                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert missing.stderr.startswith("chat error: ") and "python -m icml_jax.main" in missing.stderr
