@@ -1,0 +1,103 @@
+"""Run checkpoints: what is kept, what comes back bit for bit, and that a half-written step is never listed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from icml_jax.memory.fragment import NewFragment
+from icml_jax.memory.store import MemoryStore
+from icml_jax.rl.checkpoint import (
+    RunCheckpointer,
+    load_memory_state,
+    memory_state,
+    policy_arrays,
+    restore_policy_arrays,
+)
+
+
+def _arrays(step: int) -> dict:
+    rng = np.random.default_rng(step)
+    return {"params": {"head/kernel": rng.standard_normal((3, 2)).astype(np.float32)},
+            "rest": {},  # a model without RNG streams: an empty subtree must survive
+            "optimizer": {"opt_state": [rng.standard_normal(4), np.int32(step)]},
+            "agent_key": np.array([step, 7], np.uint32)}
+
+
+def test_keeps_the_last_k_and_restores_bit_for_bit(tmp_path):
+    state = {"rng": {"state": 2**127 + 5}, "none": None, "floats": [0.1, 1e-300]}
+    with RunCheckpointer(tmp_path, keep=2) as ckpt:
+        for step in (0, 2, 4):
+            ckpt.save(step, _arrays(step), {**state, "step": step})
+        ckpt.wait()
+        assert ckpt.all_steps() == [2, 4] and ckpt.latest_step() == 4
+    with RunCheckpointer(tmp_path, keep=2) as ckpt:  # a fresh process's view
+        step, arrays, restored = ckpt.restore()
+        assert step == 4 and restored == {**state, "step": 4}
+        assert ckpt.restore_state(2) == (2, {**state, "step": 2})
+    want = _arrays(4)
+    assert arrays["rest"] == {}
+    for got, exp in ((arrays["params"]["head/kernel"], want["params"]["head/kernel"]),
+                     (arrays["optimizer"]["opt_state"][0], want["optimizer"]["opt_state"][0]),
+                     (arrays["optimizer"]["opt_state"][1], want["optimizer"]["opt_state"][1]),
+                     (arrays["agent_key"], want["agent_key"])):
+        assert got.dtype == np.asarray(exp).dtype and np.array_equal(got, exp)
+
+
+def test_a_half_written_step_is_never_listed(tmp_path):
+    with RunCheckpointer(tmp_path, keep=3) as ckpt:
+        ckpt.save(1, _arrays(1), {"step": 1})
+    junk = tmp_path / "3.orbax-checkpoint-tmp"  # what a kill mid-write leaves behind
+    (junk / "arrays").mkdir(parents=True)
+    (junk / "arrays" / "partial").write_bytes(b"\0" * 10)
+    with RunCheckpointer(tmp_path, keep=3) as ckpt:
+        assert ckpt.latest_step() == 1 and ckpt.all_steps() == [1]
+        assert ckpt.restore()[2] == {"step": 1}
+    assert not junk.exists()  # cleaned up when the run opens its checkpoints again
+    with RunCheckpointer(tmp_path / "empty") as ckpt:
+        assert ckpt.restore() is None and ckpt.restore_state() is None
+    with pytest.raises(ValueError, match="keep must be a positive int"):
+        RunCheckpointer(tmp_path / "x", keep=0)
+
+
+def test_memory_state_round_trip_replaces_the_store():
+    with MemoryStore(clock=lambda: 123.5) as a, MemoryStore() as b:
+        for user, turns in (("alice", (0, 2)), ("bob", (1,))):
+            for t in turns:
+                a.append(user, NewFragment(episode_id="e", session=0, turn=t, source_text=f"{user} {t}",
+                                           text=f"note {t}", policy_version="3", decision_id=f"{user}/{t}"))
+        b.append("carol", NewFragment(episode_id="e", session=0, turn=0, source_text="x", text="x",
+                                      policy_version="0"))
+        load_memory_state(b, memory_state(a))
+        assert b.user_ids() == ["alice", "bob"]  # carol, not in the checkpoint, is gone
+        for user in ("alice", "bob"):
+            assert b.fragments(user) == a.fragments(user)
+
+
+class _Tiny(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.dense = nnx.Linear(3, 2, rngs=rngs)
+        self.dropout = nnx.Dropout(0.1, rngs=rngs)
+
+
+def test_policy_arrays_round_trip_and_refuse_another_structure():
+    src, dst = _Tiny(nnx.Rngs(0)), _Tiny(nnx.Rngs(1))
+    src.dropout.rngs()  # advance the RNG stream: its count must travel too
+    params, rest = policy_arrays(nnx.state(src, nnx.Param)), policy_arrays(nnx.state(src, nnx.Not(nnx.Param)))
+    assert any(v.dtype == np.uint32 for v in rest.values())  # typed keys travel as their raw data
+    for filt, arrays in ((nnx.Param, params), (nnx.Not(nnx.Param), rest)):
+        target = nnx.state(dst, filt)
+        restore_policy_arrays(target, arrays, "test")
+        nnx.update(dst, target)
+    for filt in (nnx.Param, nnx.Not(nnx.Param)):
+        a, b = policy_arrays(nnx.state(src, filt)), policy_arrays(nnx.state(dst, filt))
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    bad = dict(params, **{"dense/kernel": np.zeros((2, 2), np.float32)})
+    before = policy_arrays(nnx.state(dst, nnx.Param))
+    with pytest.raises(ValueError, match=r"test: missing \[\], unexpected \[\], mis-shaped \['dense/kernel'\]"):
+        restore_policy_arrays(nnx.state(dst, nnx.Param), bad, "test")
+    with pytest.raises(ValueError, match=r"missing \['dense/bias'\]"):
+        restore_policy_arrays(nnx.state(dst, nnx.Param), {"dense/kernel": params["dense/kernel"]}, "test")
+    after = policy_arrays(nnx.state(dst, nnx.Param))
+    assert all(np.array_equal(before[k], after[k]) for k in before)  # nothing written on a mismatch
