@@ -24,7 +24,8 @@ from icml_jax.train import default_config as warmup_config
 
 def gemini_backend(model: str = "gemini-2.5-flash") -> ml_collections.ConfigDict:
     """A Gemini back-end block; the API key is read from the environment (api_key_env), never from the config."""
-    return ml_collections.ConfigDict(dict(kind="gemini", model=model, thinking_budget=placeholder(int)))
+    return ml_collections.ConfigDict(dict(kind="gemini", model=model, thinking_budget=placeholder(int),
+                                          api_key_env=("GEMINI_API_KEY", "GOOGLE_API_KEY")))  # first one set wins
 
 
 def get_config() -> ml_collections.ConfigDict:
