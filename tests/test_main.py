@@ -232,3 +232,39 @@ def test_gc_config_learns_online_on_built_gapchat_data(tmp_path):
                                                                           for r in online)
     assert not [r for r in rows if r["stage"] == "eval"]  # real data has no labels to evaluate against
     assert sorted(int(p.name) for p in (tmp_path / "work" / job.CHECKPOINT_DIR).iterdir()) == [0, 2, 3]
+
+
+def test_crashes_in_the_evaluations_resume_to_the_same_run(tmp_path, monkeypatch):
+    """A crash in the held-out evaluation before learning, then in the one after it (past the final checkpoint):
+    each restart picks up where it should and the metrics end as an uninterrupted run's."""
+    from icml_jax.rl import learner
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if not any(t in k for t in ("time", "seconds", "wall"))} for r in rows]
+
+    job.run(tiny_demo(), tmp_path / "reference", out=io.StringIO())
+    reference = strip(read_metrics(tmp_path / "reference"))
+    real = learner.evaluate
+    for crash_at in (1, 2):  # the evaluate call that fails: 1 = before learning, 2 = after it
+        calls = []
+
+        def flaky(*args, crash_at=crash_at, calls=calls, **kw):
+            calls.append(1)
+            if len(calls) == crash_at:
+                raise RuntimeError("simulated crash")
+            return real(*args, **kw)
+
+        monkeypatch.setattr(learner, "evaluate", flaky)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            job.run(tiny_demo(), tmp_path / "crashed", out=io.StringIO())
+    monkeypatch.setattr(learner, "evaluate", real)
+    progress = json.loads((tmp_path / "crashed" / job.PROGRESS_FILE).read_text())
+    assert set(progress["done"]) == {"synthesize", "warmup"} and not progress["finished"]
+    out = io.StringIO()
+    job.run(tiny_demo(), tmp_path / "crashed", out=out)
+    assert "resuming" in out.getvalue()
+    got = [{k: (v.replace(str(tmp_path / "crashed"), "W") if isinstance(v, str) else v) for k, v in r.items()}
+           for r in strip(read_metrics(tmp_path / "crashed"))]
+    want = [{k: (v.replace(str(tmp_path / "reference"), "W") if isinstance(v, str) else v) for k, v in r.items()}
+            for r in reference]
+    assert got == want
