@@ -423,16 +423,19 @@ def stage_online(run: Run) -> dict[str, Any]:
         learner = OnlineLearner(policies, tokenizer, store, generator, proxy_judge=ProxyJudge(judge),
                                 quality_judge=QualityJudge(judge), config=learner_cfg)
 
+        saved = [None]  # the last step saved or restored (an async save may not be listed yet)
+
         def save(extra: dict[str, Any]) -> None:
             state = learner.state_dict()
             arrays = {k: state.pop(k) for k in ("params", "rest", "optimizer", "agent_key")}
             ckpt.save(learner.episodes_seen, arrays, {**state, **extra, "memory": memory_state(store),
                                                       "data": stream.get_state(),
                                                       "metrics_bytes": run.metrics.position()})
+            saved[0] = learner.episodes_seen
 
         restored = ckpt.restore()
         if restored is not None:
-            _, arrays, state = restored
+            saved[0], arrays, state = restored
             learner.load_state_dict({**state, **arrays})
             load_memory_state(store, state["memory"])
             stream.set_state(state["data"])
@@ -455,7 +458,7 @@ def stage_online(run: Run) -> dict[str, Any]:
         if learner.has_pending():  # the episodes after the last update still teach: one last update
             out = learner.update()
             run.metrics.write("online", {"episode": learner.episodes_seen, **out}, step=learner.episodes_seen)
-        if ckpt.latest_step() != learner.episodes_seen:
+        if saved[0] != learner.episodes_seen:
             save(extra)
         ckpt.wait()
         online = pooled_metrics(learner.session_log, "online")
