@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import ml_collections
-from absl import app, flags, logging
+from absl import app, flags
 
 from icml_jax import main as job  # build_models; also defines the shared --workdir flag
 
@@ -251,8 +251,7 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError("--workdir and --user are required, e.g. --workdir=/tmp/icml_demo --user=alice")
     from icml_jax.memory.store import MemoryStoreError
 
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)  # keep Orbax's INFO lines out of the conversation
+    job.quiet_info_logs()  # keep Orbax's INFO lines out of the conversation
     try:
         session = ChatSession.open(workdir, _USER.value, _MEMORY_DB.value)
     except (ChatError, MemoryStoreError, ValueError) as exc:

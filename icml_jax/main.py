@@ -176,25 +176,17 @@ def _check_same_run(config: ml_collections.ConfigDict, workdir: str | os.PathLik
     """A workdir resumes only the run it holds: another config there would mix two runs' state."""
     path = Path(workdir).expanduser() / "config.json"
     if path.is_file() and path.read_text(encoding="utf-8") != config_text(config):
-        old = json.loads(path.read_text(encoding="utf-8"))
-        new = json.loads(config_text(config))
-        diff = sorted(k for k in _flat_keys(old) | _flat_keys(new) if _get(old, k) != _get(new, k))
+        old, new = _flatten(json.loads(path.read_text(encoding="utf-8"))), _flatten(json.loads(config_text(config)))
+        diff = sorted(k for k in old.keys() | new.keys() if old.get(k, "<absent>") != new.get(k, "<absent>"))
         raise ConfigError(f"{workdir} holds a run with another config (differs at {diff[:6]}); resume it with "
                           "the same config or use a new --workdir")
 
 
-def _flat_keys(tree: Any, prefix: str = "") -> set[str]:
-    if not isinstance(tree, dict):
-        return {prefix}
-    return set().union(*(_flat_keys(v, f"{prefix}.{k}" if prefix else k) for k, v in tree.items())) or {prefix}
-
-
-def _get(tree: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(tree, dict) or part not in tree:
-            return "<absent>"
-        tree = tree[part]
-    return tree
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{'a.b.c': leaf} of a nested JSON object."""
+    if not isinstance(tree, dict) or not tree:
+        return {prefix: tree}
+    return {k: v for key, sub in tree.items() for k, v in _flatten(sub, f"{prefix}.{key}" if prefix else key).items()}
 
 
 # ----------------------------------------------------------------------------------------- typed sub-configs
@@ -423,19 +415,20 @@ def stage_online(run: Run) -> dict[str, Any]:
         learner = OnlineLearner(policies, tokenizer, store, generator, proxy_judge=ProxyJudge(judge),
                                 quality_judge=QualityJudge(judge), config=learner_cfg)
 
-        saved = [None]  # the last step saved or restored (an async save may not be listed yet)
+        saved: int | None = None  # the last step saved or restored (an async save may not be listed yet)
 
         def save(extra: dict[str, Any]) -> None:
+            nonlocal saved
             state = learner.state_dict()
             arrays = {k: state.pop(k) for k in ("params", "rest", "optimizer", "agent_key")}
             ckpt.save(learner.episodes_seen, arrays, {**state, **extra, "memory": memory_state(store),
                                                       "data": stream.get_state(),
                                                       "metrics_bytes": run.metrics.position()})
-            saved[0] = learner.episodes_seen
+            saved = learner.episodes_seen
 
         restored = ckpt.restore()
         if restored is not None:
-            saved[0], arrays, state = restored
+            saved, arrays, state = restored
             learner.load_state_dict({**state, **arrays})
             load_memory_state(store, state["memory"])
             stream.set_state(state["data"])
@@ -458,7 +451,7 @@ def stage_online(run: Run) -> dict[str, Any]:
         if learner.has_pending():  # the episodes after the last update still teach: one last update
             out = learner.update()
             run.metrics.write("online", {"episode": learner.episodes_seen, **out}, step=learner.episodes_seen)
-        if saved[0] != learner.episodes_seen:
+        if saved != learner.episodes_seen:
             save(extra)
         ckpt.wait()
         online = pooled_metrics(learner.session_log, "online")
@@ -513,8 +506,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
     if "online" in stages and any(s not in progress["done"] for s in stages[:stages.index("online")]):
         shutil.rmtree(root / CHECKPOINT_DIR, ignore_errors=True)  # taken after a stage that runs again: stale
     keep, purge = _resume_point(root, progress, stages)
-    fresh = keep == 0 and not (root / METRICS_FILE).exists()
-    state = Run(config, root, MetricsLog(root, truncate_to=None if fresh else keep, purge_steps=purge), progress)
+    state = Run(config, root, MetricsLog(root, truncate_to=keep, purge_steps=purge), progress)
     start = time.perf_counter()
     try:
         todo = [s for s in stages if s not in progress["done"]]
@@ -583,6 +575,12 @@ def format_summary(summary: dict[str, dict[str, Any]], workdir: Path, seconds: f
     return "\n".join(lines)
 
 
+def quiet_info_logs() -> None:
+    """absl logging at WARNING unless --verbosity was given: Orbax logs every save and restore at INFO."""
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file, e.g. configs/demo.py",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "directory for metrics.jsonl and the stages' outputs")
@@ -594,8 +592,7 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
     if _CONFIG.value is None:
         raise app.UsageError("--config is required, e.g. --config=configs/demo.py")
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO; --verbosity=0 brings it back
+    quiet_info_logs()
     try:
         run(_CONFIG.value, _WORKDIR.value or "")
     except ConfigError as exc:

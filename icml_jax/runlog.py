@@ -123,6 +123,8 @@ class MetricsLog:
 def _truncate(path: Path, size: int) -> None:
     """Cuts `path` to `size` bytes; the cut must fall at the end of a line of an existing, long enough file."""
     actual = path.stat().st_size if path.exists() else 0
+    if size == 0 and not path.exists():
+        return  # a fresh run: nothing to cut
     if size < 0 or size > actual:
         raise ValueError(f"cannot resume {path} at byte {size}: the file has {actual} bytes; the checkpoint "
                          f"does not belong to this metrics file")

@@ -21,6 +21,7 @@ is not past the new end.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import hashlib
 import json
@@ -84,7 +85,7 @@ def _position(state: Mapping[str, Any], key: str, total: int, where: str) -> int
     return pos
 
 
-class EpisodeStream:
+class EpisodeStream(abc.ABC):
     """An iterator of Episodes that can be checkpointed between episodes.
 
     ``total``: how many episodes it yields in all (None = unknown). ``get_state()``: a small JSON-safe dict;
@@ -96,16 +97,17 @@ class EpisodeStream:
     def __iter__(self) -> Iterator[Episode]:
         return self
 
+    @abc.abstractmethod
     def __next__(self) -> Episode:
-        raise NotImplementedError
+        """The next episode; StopIteration after ``total``."""
 
+    @abc.abstractmethod
     def get_state(self) -> dict[str, Any]:
         """Where the stream is, as a JSON-safe dict."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Moves to the position of ``get_state()`` output; ValueError naming what differs if it is not ours."""
-        raise NotImplementedError
 
 
 def _digest(value: Any) -> str:

@@ -8,6 +8,7 @@ BackendError, so a broken back end stops the run loudly.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import logging
 import math
@@ -85,7 +86,7 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
 
 
-class _Judge:
+class _Judge(abc.ABC):
     """Shared machinery: batch through the back end, validate, re-ask failures once, count."""
 
     kind = "judge"
@@ -114,9 +115,9 @@ class _Judge:
         """The stats as flat metrics under 'judge/<kind>'."""
         return self.stats.as_metrics(f"judge/{self.kind}")
 
+    @abc.abstractmethod
     def _validate(self, response: LLMResponse) -> tuple[JudgeResult | None, str]:
         """Turns a response into a result, or (None, reason) when the answer is invalid; each judge defines it."""
-        raise NotImplementedError(f"{type(self).__name__} must define _validate")
 
     def judge_requests(self, requests: Sequence[LLMRequest]) -> list[JudgeResult]:
         """Judge prepared requests (built by the prompts module); see the module docstring for failures."""

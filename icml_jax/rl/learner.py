@@ -79,13 +79,10 @@ class SessionCounts:
     proxy_sum: float = 0.0  # proxy value of the turns (the Planner's immediate reward signal)
     proxy_n: int = 0
 
-    _SUMMED = ("turns", "saves", "correct_saves", "gold_saves", "needed", "recalled", "quality_sum", "quality_n",
-               "proxy_sum", "proxy_n")
-
     def add(self, other: SessionCounts) -> None:
-        """Accumulate another session's counts (pooling)."""
-        for f in self._SUMMED:
-            setattr(self, f, getattr(self, f) + getattr(other, f))
+        """Accumulate another session's counts (pooling): every field but the session's identity."""
+        for f in dataclasses.fields(self)[2:]:
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON data (checkpoints)."""
