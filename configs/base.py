@@ -59,6 +59,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.llm = ml_collections.ConfigDict(dict(
         generator=gemini_backend(),  # writes storylines, replies and memory notes
         judge=gemini_backend(),  # proxy value and reply quality
+        synthesizer=None,  # writes the expert storylines; None: the generator does
     ))
     config.observation = ml_collections.ConfigDict(dataclasses.asdict(ObservationConfig()))
     config.synthesis = synthesis_config()

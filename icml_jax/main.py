@@ -60,11 +60,17 @@ def _stages(config: ml_collections.ConfigDict) -> tuple[str, ...]:
     return names
 
 
-def _backend_roles(stages: Sequence[str]) -> list[str]:
-    """The `config.llm` back ends the stages call: synthesis writes with the generator; online needs both."""
+def _synthesis_role(config: ml_collections.ConfigDict) -> str:
+    """The `config.llm` block that writes the expert data: `synthesizer` when set, else the generator."""
+    return "synthesizer" if config.llm.get("synthesizer") is not None else "generator"
+
+
+def _backend_roles(config: ml_collections.ConfigDict, stages: Sequence[str]) -> list[str]:
+    """The `config.llm` back ends the stages call: synthesis writes with the synthesizer (default: the
+    generator); online needs the generator and the judge."""
     roles = []
     if "synthesize" in stages:
-        roles.append("generator")
+        roles.append(_synthesis_role(config))
     if "online" in stages:
         roles += ["generator", "judge"]
     return list(dict.fromkeys(roles))
@@ -108,7 +114,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str])
                               f"it needs config.data.name='persona_world', got {config.data.name!r}")
     else:
         raise ConfigError(f"config.model.kind={config.model.kind!r} is not 'pretrained' or 'tiny'")
-    for role in _backend_roles(stages):
+    for role in _backend_roles(config, stages):
         block = config.llm.get(role)
         kind = block.get("kind") if block is not None else None
         if kind not in available_backends():
@@ -330,11 +336,12 @@ def build_models(config: ml_collections.ConfigDict, workdir: Path) -> tuple[Any,
     return policies, load_tokenizer(config.model.path)
 
 def stage_synthesize(run: Run) -> dict[str, Any]:
-    """Retrospective Session Synthesis with the generator back end into `<workdir>/synthesis`."""
+    """Retrospective Session Synthesis with the synthesizer (default: generator) back end into
+    `<workdir>/synthesis`."""
     from icml_jax.llm.registry import make_backend
     from icml_jax.synthesis import synthesize
 
-    backend = make_backend(run.config.llm.generator)
+    backend = make_backend(run.config.llm[_synthesis_role(run.config)])
     manifest = synthesize(_synthesis(run.config), backend, run.workdir / SYNTHESIS_DIR)
     counts = manifest["counts"]
     row = {"storylines_accepted": counts["storylines_accepted"], "storylines_rejected": counts["storylines_rejected"],

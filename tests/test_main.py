@@ -110,6 +110,8 @@ def _bad(**changes) -> ml_collections.ConfigDict:
     (dict(checkpoint__every_episodes=3, learner__update_every=2), "config.checkpoint.every_episodes=3"),
     (dict(llm__judge=ml_collections.ConfigDict(dict(kind="gemini", model="gemini-2.5-flash"))),
      "config.llm.judge is a Gemini back end (gemini-2.5-flash): gemini back end: no API key found"),
+    (dict(llm__synthesizer=ml_collections.ConfigDict(dict(kind="gemini", model="gemini-2.5-pro"))),
+     "config.llm.synthesizer is a Gemini back end (gemini-2.5-pro): gemini back end: no API key found"),
     (dict(parallel__mesh__tensor=jax.device_count() + 1), "config.parallel.mesh: mesh spec"),
     (dict(rl__ppo__clip_eps=-1.0), "config.rl: PPOConfig.clip_eps must be > 0"),
     (dict(synthesis__num_seeds=0), "config.synthesis: SynthesisConfig.num_seeds must be a positive int"),
@@ -124,6 +126,20 @@ def test_config_errors_come_before_any_stage(tmp_path, monkeypatch, changes, mes
         job.run(_bad(**changes), workdir)
     assert message in str(err.value)
     assert not called and not workdir.exists()
+
+
+def test_synthesizer_block_writes_the_expert_data(tmp_path, monkeypatch):
+    """llm.synthesizer, when set, writes the storylines; the generator (here a Gemini block without a key) is not
+    needed by a synthesis-only run."""
+    for name in ("GEMINI_API_KEY", "GOOGLE_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    config = tiny_demo()
+    config.mode = ("synthesize",)
+    config.llm.generator = ml_collections.ConfigDict(dict(kind="gemini", model="gemini-2.5-flash"))
+    config.llm.synthesizer = ml_collections.ConfigDict(dict(kind="offline"))
+    job.run(config, tmp_path, out=io.StringIO())
+    manifest = json.loads((tmp_path / "synthesis" / "manifest.json").read_text())
+    assert manifest["backend"]["name"] == "offline" and manifest["counts"]["storylines_accepted"] > 0
 
 
 def test_several_processes_are_refused_before_any_stage(tmp_path, monkeypatch):
