@@ -1,4 +1,4 @@
-"""ModelConfig: one frozen description of a Llama-3.x, Qwen3 or Gemma3 decoder, built from HF `config.json`."""
+"""ModelConfig: one frozen description of a Llama-3.x, Qwen2, Qwen3 or Gemma3 decoder, built from HF `config.json`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 
-FAMILIES = ("llama", "qwen3", "gemma3")
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma3")
 _MODEL_TYPES = {
     "llama": "llama",
+    "qwen2": "qwen2",
     "qwen3": "qwen3",
     "gemma3_text": "gemma3",
     "gemma3": "gemma3",  # Gemma3ForConditionalGeneration: we use its text tower
@@ -70,7 +71,8 @@ class ModelConfig:
     sliding_window: int | None = None
     layer_types: tuple[str, ...] = ()  # per layer: "full_attention" | "sliding_attention"
     tie_embeddings: bool = True
-    attention_bias: bool = False
+    qkv_bias: bool = False  # biases on the q, k and v projections (Llama `attention_bias`, Qwen2 always)
+    o_bias: bool = False  # bias on the output projection (Llama `attention_bias`; never Qwen2)
     qk_norm: bool = False
     act: str = "silu"  # silu | gelu_tanh
     norm_plus_one: bool = False  # Gemma: x * (1 + w)
@@ -116,12 +118,12 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
-        """Builds the config from a Hugging Face `config.json` dict (Llama, Qwen3, Gemma3 text or multimodal)."""
+        """Builds the config from a Hugging Face `config.json` dict (Llama, Qwen2, Qwen3, Gemma3 text or multimodal)."""
         model_type = hf.get("model_type")
         if model_type not in _MODEL_TYPES:
             raise ValueError(
                 f"unsupported model_type {model_type!r}; supported: {sorted(_MODEL_TYPES)} "
-                "(Llama-3.x, Qwen3, Gemma3)"
+                "(Llama-3.x, Qwen2/Qwen2.5, Qwen3, Gemma3)"
             )
         family = _MODEL_TYPES[model_type]
         top = hf
@@ -153,7 +155,8 @@ class ModelConfig:
             bos_token_id=get("bos_token_id"),
             eos_token_ids=eos_ids,
             pad_token_id=get("pad_token_id"),
-            attention_bias=bool(get("attention_bias", False)),
+            qkv_bias=bool(get("attention_bias", False)),
+            o_bias=bool(get("attention_bias", False)),
         )
         if family == "gemma3":
             rope_params = get("rope_parameters") or {}
@@ -193,11 +196,13 @@ class ModelConfig:
         rope = _rope_from_hf(rope_params, get("rope_theta", 10000.0))
         layer_types = None
         window = None
-        if family == "qwen3" and get("use_sliding_window"):
+        if family in ("qwen2", "qwen3") and get("use_sliding_window"):
             window = int(hf["sliding_window"])
             layer_types = tuple(get("layer_types") or ())
             if not layer_types:
-                raise ValueError("qwen3 config with use_sliding_window but no layer_types")
+                raise ValueError(f"{family} config with use_sliding_window but no layer_types")
+        if family == "qwen2":  # Qwen2/Qwen2.5: q/k/v biases always, no output bias (the config has no flag)
+            common.update(qkv_bias=True, o_bias=False)
         return cls(
             **common,
             rope=rope,

@@ -1,4 +1,4 @@
-"""One Flax NNX decoder for Llama-3.x, Qwen3 and Gemma3; family differences are switches in ModelConfig.
+"""One Flax NNX decoder for Llama-3.x, Qwen2, Qwen3 and Gemma3; family differences are switches in ModelConfig.
 
 Parameters keep heads explicit (`q` kernel is [embed, heads, head_dim]) and carry logical axis names in their
 `logical_axes` metadata so a rules table can place them on a mesh. The KV cache is a pytree passed in and returned,
@@ -99,10 +99,11 @@ class Attention(nnx.Module):
         self.v = _param(rngs, (c.hidden_size, c.num_kv_heads, c.head_dim), (EMBED, KV_HEADS, HEAD_DIM), dtype, s)
         so = (c.num_heads * c.head_dim) ** -0.5
         self.o = _param(rngs, (c.num_heads, c.head_dim, c.hidden_size), (HEADS, HEAD_DIM, EMBED), dtype, so)
-        if c.attention_bias:
+        if c.qkv_bias:
             self.q_bias = nnx.Param(jnp.zeros((c.num_heads, c.head_dim), dtype), logical_axes=(HEADS, HEAD_DIM))
             self.k_bias = nnx.Param(jnp.zeros((c.num_kv_heads, c.head_dim), dtype), logical_axes=(KV_HEADS, HEAD_DIM))
             self.v_bias = nnx.Param(jnp.zeros((c.num_kv_heads, c.head_dim), dtype), logical_axes=(KV_HEADS, HEAD_DIM))
+        if c.o_bias:
             self.o_bias = nnx.Param(jnp.zeros((c.hidden_size,), dtype), logical_axes=(EMBED,))
         if c.qk_norm:
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, c.norm_plus_one, dtype, HEAD_DIM)
@@ -116,7 +117,7 @@ class Attention(nnx.Module):
         q = jnp.einsum("bte,ehd->bthd", x, self.q[...])
         k = jnp.einsum("bte,ehd->bthd", x, self.k[...])
         v = jnp.einsum("bte,ehd->bthd", x, self.v[...])
-        if c.attention_bias:
+        if c.qkv_bias:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -136,7 +137,7 @@ class Attention(nnx.Module):
         probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(x.dtype)).reshape(b, t, c.num_heads, d)
         out = jnp.einsum("bthd,hde->bte", out, self.o[...])
-        if c.attention_bias:
+        if c.o_bias:
             out = out + self.o_bias[...]
         return out, cache_kv
 

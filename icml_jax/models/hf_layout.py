@@ -54,9 +54,10 @@ def layout(config: ModelConfig) -> dict[Path, tuple[str, str]]:
         for proj in "qkv":
             table[("layers", i, "attn", proj)] = (p + f"self_attn.{proj}_proj.weight", IN_HEADS)
         table[("layers", i, "attn", "o")] = (p + "self_attn.o_proj.weight", OUT_HEADS)
-        if c.attention_bias:
+        if c.qkv_bias:
             for proj in "qkv":
                 table[("layers", i, "attn", f"{proj}_bias")] = (p + f"self_attn.{proj}_proj.bias", BIAS_HEADS)
+        if c.o_bias:
             table[("layers", i, "attn", "o_bias")] = (p + "self_attn.o_proj.bias", VECTOR)
         if c.qk_norm:
             table[("layers", i, "attn", "q_norm", "scale")] = (p + "self_attn.q_norm.weight", VECTOR)

@@ -18,6 +18,15 @@ CONFIGS = {
         bos_token_id=1, eos_token_id=2, pad_token_id=0),
     "llama_tied": lambda: transformers.LlamaConfig(
         **TINY, rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0),
+    "llama_bias": lambda: transformers.LlamaConfig(  # attention_bias: q, k, v and o biases
+        **TINY, rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=True, bos_token_id=1, eos_token_id=2,
+        pad_token_id=0),
+    "qwen2": lambda: transformers.Qwen2Config(  # q/k/v biases, no o bias, untied head
+        **TINY, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=1e6), bos_token_id=1, eos_token_id=2, pad_token_id=0),
+    "qwen2_tied_swa": lambda: transformers.Qwen2Config(  # tied, sliding window on the layers from the second on
+        **TINY, rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=True, sliding_window=5,
+        max_window_layers=1, bos_token_id=1, eos_token_id=2, pad_token_id=0),
     "qwen3": lambda: transformers.Qwen3Config(
         **TINY, head_dim=32, rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
         pad_token_id=0),
@@ -30,6 +39,9 @@ CONFIGS = {
 MODEL_CLASSES = {
     "llama": transformers.LlamaForCausalLM,
     "llama_tied": transformers.LlamaForCausalLM,
+    "llama_bias": transformers.LlamaForCausalLM,
+    "qwen2": transformers.Qwen2ForCausalLM,
+    "qwen2_tied_swa": transformers.Qwen2ForCausalLM,
     "qwen3": transformers.Qwen3ForCausalLM,
     "gemma3": transformers.Gemma3ForCausalLM,
 }

@@ -14,7 +14,7 @@ from icml_jax.models import Decoder, from_pretrained
 from tests.models import hf_fixtures as F
 
 TOL = 1e-4
-KINDS = ["llama", "llama_tied", "qwen3", "gemma3"]
+KINDS = ["llama", "llama_tied", "llama_bias", "qwen2", "qwen2_tied_swa", "qwen3", "gemma3"]
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +53,14 @@ def test_logits_match_transformers_on_padded_batch(checkpoints, kind):
     assert np.abs(ref).max() > 1.0  # the weights are large enough for a layout error to show
 
 
-def test_gemma3_sliding_window_is_exercised(checkpoints):
+@pytest.mark.parametrize("kind", ["gemma3", "qwen2_tied_swa"])
+def test_sliding_window_is_exercised(checkpoints, kind):
     """Sequence longer than the window: turning the window off must change the logits (so the test above bites)."""
-    directory, torch_model = checkpoints["gemma3"]
+    directory, torch_model = checkpoints[kind]
     model = from_pretrained(directory)
     assert model.config.sliding_window < 13 and "sliding_attention" in model.config.layer_types
-    assert model.config.rope_local.theta != model.config.rope.theta
+    if kind == "gemma3":
+        assert model.config.rope_local.theta != model.config.rope.theta
     ids, mask, positions = padded_batch()
     ref = F.torch_logits(torch_model, ids, mask, positions)
     no_window = dataclasses.replace(model.config, layer_types=("full_attention",) * model.config.num_layers)
@@ -68,6 +70,16 @@ def test_gemma3_sliding_window_is_exercised(checkpoints):
     for layer in other.layers:
         layer.attn.config = no_window
     assert np.abs(ref - our_logits(other, ids, mask))[mask.astype(bool)].max() > 100 * TOL
+
+
+def test_attention_bias_flags(checkpoints):
+    """Llama's attention_bias adds q, k, v and o biases; Qwen2 has q/k/v biases but no o bias, window off by default."""
+    llama, qwen2, swa = (from_pretrained(checkpoints[k][0]).config for k in ("llama_bias", "qwen2", "qwen2_tied_swa"))
+    assert llama.qkv_bias and llama.o_bias
+    assert qwen2.family == "qwen2" and qwen2.qkv_bias and not qwen2.o_bias and not qwen2.tie_embeddings
+    assert qwen2.sliding_window is None and set(qwen2.layer_types) == {"full_attention"}
+    assert swa.sliding_window == 5 and swa.layer_types == ("full_attention",) + ("sliding_attention",) * 2
+    assert swa.tie_embeddings
 
 
 def test_gemma3_text_tower_of_multimodal_checkpoint(tmp_path):
