@@ -60,6 +60,7 @@ from icml_jax.rl.update import (
     joint_optimizer,
     partition,
     ppo_step,
+    rollout_stats,
     step_config,
 )
 
@@ -115,6 +116,7 @@ __all__ = [
     "pooled_metrics",
     "ppo_loss",
     "ppo_step",
+    "rollout_stats",
     "save_reward",
     "session_counts",
     "skip_nonfinite",

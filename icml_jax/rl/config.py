@@ -14,6 +14,7 @@ _C = TypeVar("_C")
 UNTRIGGERED_POLICIES: tuple[str, ...] = ("proxy", "defer")
 MULTI_TRIGGER_POLICIES: tuple[str, ...] = ("first", "max", "mean")
 USER_MISMATCH_POLICIES: tuple[str, ...] = ("raise", "count")
+OLD_LOGP_SOURCES: tuple[str, ...] = ("rollout", "recompute")
 
 
 def _from_dict(cls: type[_C], values: Mapping[str, Any] | None, overrides: Mapping[str, Any]) -> _C:
@@ -93,6 +94,15 @@ class PPOConfig:
 
     Hashable, so a jitted function can take it as a static argument. `value_clip` None = plain squared error;
     a float c = PPO2-style clipping of the new value to old_value +/- c. `max_grad_norm` None = no clipping.
+    `whiten`: normalise advantages to zero mean and unit variance per agent and update (as tunix does; the
+    paper does not say).
+    `old_logp`: the anchor of the importance ratio. "rollout" (default, PPO as published): the log-probabilities
+    and values recorded when each action was sampled, i.e. under the behaviour policy, which for a decision
+    whose reward arrived episodes later is an older policy; "recompute": each minibatch's own first-epoch
+    forward (ratio exactly 1 in epoch 0, so nothing is clipped until epoch 1).
+    `update_dropout`: LoRA dropout in the update's forward. Off by default: rollouts score with dropout off,
+    so the update's log-probabilities are then comparable with the recorded ones (with it on, dropout noise
+    enters the "rollout" ratio).
     """
 
     clip_eps: float = 0.2
@@ -108,6 +118,8 @@ class PPOConfig:
     epochs: int = 4
     minibatch_size: int = 4
     value_clip: float | None = None
+    old_logp: str = "rollout"
+    update_dropout: bool = False
 
     def __post_init__(self) -> None:
         """Reject out-of-range settings, naming the field."""
@@ -140,8 +152,11 @@ class PPOConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"PPOConfig.{name} must be a positive int, got {value!r}")
-        if not isinstance(self.whiten, bool):
-            raise ValueError(f"PPOConfig.whiten must be a bool, got {self.whiten!r}")
+        for name in ("whiten", "update_dropout"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"PPOConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.old_logp not in OLD_LOGP_SOURCES:
+            raise ValueError(f"PPOConfig.old_logp must be one of {OLD_LOGP_SOURCES}, got {self.old_logp!r}")
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any] | None = None, **overrides: Any) -> PPOConfig:

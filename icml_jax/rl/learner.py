@@ -6,7 +6,9 @@ save -> Planner -> proxy reward -> miss penalty (discard) or Pending Reward Buff
 the turns of `user_speaker`; its history is the gold dialogue of the session so far (the evaluation
 protocol). A judge failure masks that one decision out of the update and is counted. At an update the buffer
 is finalized (the episode's user is closed: all of its sessions have been played), rewards become GAE
-advantages per agent (one trajectory per episode, rollout values), and `JointUpdater` runs the PPO epochs.
+advantages per agent (one trajectory per episode, rollout values), and `JointUpdater` runs the PPO epochs
+with the ratio anchored on the log-probabilities recorded when each decision was sampled (the behaviour
+policy; `PPOConfig.old_logp`).
 
 Everything the run needs to resume (trainable parameters, optimizer state, buffer, RNGs, counters) is in
 `state_dict()`, as plain data and arrays, taken between updates.
@@ -37,7 +39,8 @@ from icml_jax.rl.checkpoint import policy_arrays, restore_policy_arrays
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.pending import PendingRewardBuffer, SaveReward
 from icml_jax.rl.rewards import planner_reward
-from icml_jax.rl.update import JointUpdater, PlannerItem, Slot, TriggerItem, UpdateResult, collate, partition
+from icml_jax.rl.update import (JointUpdater, PlannerItem, Slot, TriggerItem, UpdateResult, collate, partition,
+                                 rollout_stats)
 
 STATE_FORMAT = "icml_jax.rl.OnlineLearner"
 STATE_VERSION = 1
@@ -291,8 +294,8 @@ class OnlineLearner:
         size = self.config.ppo.minibatch_size
         cuts = partition(slots, size, self.rng)  # one partition for all epochs (see rl.update)
         minibatches = [collate(cut, size, self.pad_id) for cut in cuts]
-        logps = [self._rollout_logp(cut, size) for cut in cuts]
-        result = self.updater.run(minibatches, self.rng, logps)
+        rollout = [rollout_stats(cut, size) for cut in cuts]  # the behaviour policy's numbers (the ratio's anchor)
+        result = self.updater.run(minibatches, self.rng, rollout)
         self.updates += 1
         self.agent.config = dataclasses.replace(self.agent.config, policy_version=str(self.updates))
         metrics = self._metrics(records, ready, finalized, result)
@@ -330,22 +333,13 @@ class OnlineLearner:
             p_adv, p_ret, p_mask = adv_ret["planner"]
             t_adv, t_ret, t_mask = adv_ret["trigger"]
             pd, td = rec.receipt.planner, rec.receipt.trigger
-            p = PlannerItem(pd.tokens, pd.mask, int(pd.save), float(p_adv[i]), float(p_ret[i]), pd.logp) \
-                if p_mask[i] else None
-            t = TriggerItem(td.tokens, td.mask, td.cand_mask, td.action, float(t_adv[i]), float(t_ret[i]), td.logp) \
-                if t_mask[i] else None
+            p = PlannerItem(pd.tokens, pd.mask, int(pd.save), float(p_adv[i]), float(p_ret[i]), pd.logp,
+                            pd.value) if p_mask[i] else None
+            t = TriggerItem(td.tokens, td.mask, td.cand_mask, td.action, float(t_adv[i]), float(t_ret[i]), td.logp,
+                            td.value) if t_mask[i] else None
             if p is not None or t is not None:
                 slots.append(Slot(p, t))
         return slots
-
-    @staticmethod
-    def _rollout_logp(cut: Sequence[Slot], size: int) -> tuple[np.ndarray, np.ndarray]:
-        """Rollout log-probs of a minibatch's rows (0 for absent decisions), for the drift diagnostic."""
-        p, t = np.zeros(size, np.float32), np.zeros(size, np.float32)
-        for i, slot in enumerate(cut):
-            p[i] = slot.planner.rollout_logp if slot.planner is not None else 0.0
-            t[i] = slot.trigger.rollout_logp if slot.trigger is not None else 0.0
-        return p, t
 
     def _metrics(self, records: Sequence[_TurnRecord], ready: Sequence[_TurnRecord],
                  finalized: Mapping[str, SaveReward], result: UpdateResult) -> dict[str, float]:

@@ -6,12 +6,16 @@ arrays are re-padded to the largest bucket of the slot members (extra *left* pad
 come from the mask), and a short last minibatch is filled with invalid slots, so step shapes stay on the
 observation buckets and the number of compilations is small and countable (`ppo_step._cache_size()`).
 
-Old log-probabilities and values: the minibatch partition is fixed for the whole update. In epoch 0 each step
-uses `old = stop_gradient(new)` from its own training forward (ratio exactly 1, clip fraction exactly 0) and
-returns those numbers; later epochs feed them back as the old statistics. They therefore match the training
-forward bit for bit (same program, same dropout mask in epoch 0). The anchor of minibatch k is the policy after
-k steps of epoch 0 rather than the rollout policy; `rollout_logp_gap` in the metrics measures how far apart
-the two are (float noise plus that drift plus LoRA dropout).
+Old log-probabilities and values (`PPOConfig.old_logp`): by default ("rollout") they are the numbers recorded
+when each action was sampled, i.e. the behaviour policy's: a save whose truth reward arrived episodes later
+was made by an older policy, and every minibatch after the first is trained on by a policy that already moved,
+so the ratio can leave [1 - eps, 1 + eps] in epoch 0 and clipping engages. Rollouts score with LoRA dropout
+off, and so does the update's forward unless `PPOConfig.update_dropout`, so with no policy change the ratio is
+1 up to float noise. The option "recompute" anchors each minibatch on its own first-epoch forward instead: in
+epoch 0 each step uses `old = stop_gradient(new)` (ratio exactly 1, clip fraction exactly 0, bit for bit, even
+with dropout) and later epochs feed those numbers back. The minibatch partition is fixed for the whole update.
+`rollout_logp_gap` in the metrics is the largest |epoch-0 forward - rollout| log-probability (float noise plus
+the drift of the policy within epoch 0, plus dropout when it is on).
 
 The step: `params` (the TRAINABLE state: adapters and heads), `frozen` (backbone weights, passed in, never
 closed over) and `rest` (RNG state of LoRA dropout) go in; the optimizer state is donated; a non-finite loss or
@@ -99,11 +103,12 @@ class StepSpec:
 
 
 def step_config(config: PPOConfig) -> PPOConfig:
-    """The config with the fields the step never reads (GAE, whitening, epochs, minibatch size) at their defaults,
-    so that runs differing only in those share one compiled step."""
+    """The config with the fields the step never reads (GAE, whitening, epochs, minibatch size, where the old
+    statistics come from, dropout: the graph carries it) at their defaults, so that runs differing only in those
+    share one compiled step."""
     d = PPOConfig()
     return dataclasses.replace(config, gamma=d.gamma, gae_lambda=d.gae_lambda, whiten=d.whiten, epochs=1,
-                               minibatch_size=1)
+                               minibatch_size=1, old_logp=d.old_logp, update_dropout=d.update_dropout)
 
 
 @functools.lru_cache(maxsize=None)
@@ -118,7 +123,7 @@ def joint_optimizer(config: PPOConfig) -> optax.GradientTransformation:
 def joint_loss(
     policies: MemoryPolicies, batch: Minibatch, old: OldStats, first_epoch: Array, config: PPOConfig
 ) -> tuple[Array, tuple[dict[str, Array], OldStats]]:
-    """Planner + Trigger PPO loss of one minibatch, its metrics, and the old statistics to keep.
+    """Planner + Trigger PPO loss of one minibatch, its metrics, and this forward's statistics (stop-gradient).
 
     With `first_epoch` true the old statistics are the (stop-gradient) new ones, so the ratio is exactly 1.
     """
@@ -129,6 +134,7 @@ def joint_loss(
     pick = lambda new, given: jnp.where(first_epoch, sg(new), given)  # noqa: E731
     anchor = OldStats(pick(ps.logp, old.planner_logp), pick(ps.value, old.planner_value),
                       pick(ts.logp, old.trigger_logp), pick(ts.value, old.trigger_value))
+    current = OldStats(sg(ps.logp), sg(ps.value), sg(ts.logp), sg(ts.value))
     per_agent = {
         "planner": ppo_loss(ps.logp, anchor.planner_logp, p.advantages, p.returns, ps.value, anchor.planner_value,
                             ps.entropy, p.valid, config),
@@ -142,7 +148,7 @@ def joint_loss(
         metrics[f"{agent}/ratio_max_dev"] = jnp.max(dev)
     metrics["trigger/memory_prob"] = masked_mean(1.0 - sg(ts.probs[:, 0]), t.valid)  # p(use some memory)
     metrics["planner/save_prob"] = masked_mean(sg(ps.probs), p.valid)
-    return loss, (metrics, anchor)
+    return loss, (metrics, current)
 
 
 @functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("opt_state",))
@@ -157,20 +163,21 @@ def ppo_step(
     old: OldStats,
     first_epoch: Array,
 ) -> tuple[nnx.State, optax.OptState, nnx.State, Array, OldStats, dict[str, Array]]:
-    """One guarded optimizer step on one minibatch; returns (params, opt_state, rest, num_skipped, old, metrics)."""
+    """One guarded optimizer step on one minibatch; returns (params, opt_state, rest, num_skipped, current,
+    metrics), `current` being this forward's log-probabilities and values of the taken actions."""
 
     def loss_fn(trainable):
         # Fresh Variables for the RNG state at this trace level: LoRA dropout advances its counter in place,
         # and flax forbids mutating a Variable created at the outer (jit) level from inside the grad trace.
         local_rest = jax.tree.map(lambda x: x, rest)
         model = nnx.merge(spec.graphdef, trainable, frozen, local_rest)
-        loss, (metrics, anchor) = joint_loss(model, batch, old, first_epoch, spec.config)
-        return loss, (metrics, anchor, nnx.state(model, nnx.Not(nnx.Param)))
+        loss, (metrics, current) = joint_loss(model, batch, old, first_epoch, spec.config)
+        return loss, (metrics, current, nnx.state(model, nnx.Not(nnx.Param)))
 
-    (loss, (metrics, anchor, new_rest)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    (loss, (metrics, current, new_rest)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     step = guarded_apply(joint_optimizer(spec.config), loss, grads, params, opt_state, num_skipped)
     metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
-    return step.params, step.opt_state, new_rest, step.num_skipped, anchor, metrics
+    return step.params, step.opt_state, new_rest, step.num_skipped, current, metrics
 
 
 # ----------------------------------------------------------------------------------------------- host side
@@ -185,7 +192,8 @@ class PlannerItem:
     action: int
     advantage: float
     ret: float
-    rollout_logp: float
+    rollout_logp: float  # log-probability of `action` when it was sampled (the behaviour policy)
+    rollout_value: float = 0.0  # the value head's estimate then
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +207,7 @@ class TriggerItem:
     advantage: float
     ret: float
     rollout_logp: float
+    rollout_value: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +268,19 @@ def collate(slots: Sequence[Slot], size: int, pad_id: int = 0) -> Minibatch:
                      TriggerBatch(t_tok, t_mask, t_cand, t_act, t_adv, t_ret, t_valid))
 
 
+def rollout_stats(slots: Sequence[Slot], size: int) -> OldStats:
+    """The behaviour policy's log-probabilities and values of `slots`' decisions, rows as `collate` lays them out
+    (0 for absent decisions and padding rows, which the step masks out)."""
+    if not 0 < len(slots) <= size:
+        raise ValueError(f"rollout_stats: need 1..{size} slots, got {len(slots)}")
+    out = [np.zeros(size, np.float32) for _ in range(4)]
+    for i, slot in enumerate(slots):
+        for j, item in ((0, slot.planner), (2, slot.trigger)):
+            if item is not None:
+                out[j][i], out[j + 1][i] = item.rollout_logp, item.rollout_value
+    return OldStats(*out)
+
+
 def minibatch_shape(batch: Minibatch) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The shapes that decide which compiled step runs: (planner tokens, trigger tokens)."""
     return tuple(batch.planner.tokens.shape), tuple(batch.trigger.tokens.shape)
@@ -301,12 +323,16 @@ class UpdateResult:
 class JointUpdater:
     """Owns the optimizer state of the TRAINABLE part of `policies` and runs PPO epochs over minibatches.
 
-    The policies are left in eval mode (LoRA dropout off, for rollouts); the step uses the train-mode graph.
+    The policies are left in eval mode (LoRA dropout off, for rollouts); the step uses the train-mode graph
+    (dropout on) only with `config.update_dropout`.
     """
 
     def __init__(self, policies: MemoryPolicies, config: PPOConfig) -> None:
         self.policies, self.config = policies, config
-        policies.train()
+        if config.update_dropout:
+            policies.train()
+        else:
+            policies.eval()
         try:
             graphdef = nnx.graphdef(policies)
         finally:
@@ -331,21 +357,29 @@ class JointUpdater:
         return trainable, frozen, rest
 
     def run(self, minibatches: Sequence[Minibatch], rng: np.random.Generator,
-            rollout_logp: Sequence[tuple[np.ndarray, np.ndarray]] | None = None, *,
-            epochs: int | None = None) -> UpdateResult:
+            rollout: Sequence[OldStats] | None = None, *, epochs: int | None = None) -> UpdateResult:
         """`epochs` (default `config.epochs`) passes over the fixed partition, minibatch order reshuffled after
         epoch 0; then the new parameters are written back into the policies.
 
-        `rollout_logp[k]` = (planner, trigger) log-probs of minibatch k's rows as the rollout sampled them; used
-        only for the `rollout_logp_gap` diagnostic (max |recomputed - rollout| over valid rows in epoch 0).
+        `rollout[k]` = the behaviour policy's statistics of minibatch k's rows (`rollout_stats`): the ratio's
+        anchor when `config.old_logp` is "rollout" (required then); with "recompute" used only for the
+        `rollout_logp_gap` diagnostic (max |epoch-0 forward - rollout| over valid rows).
         """
         if not minibatches:
             return UpdateResult([], 0, 0, set(), {})
+        use_rollout = self.config.old_logp == "rollout"
+        if rollout is not None and len(rollout) != len(minibatches):
+            raise ValueError(f"JointUpdater.run: {len(rollout)} rollout statistics for {len(minibatches)} minibatches")
+        if use_rollout and rollout is None:
+            raise ValueError("JointUpdater.run: PPOConfig.old_logp='rollout' anchors the ratio on the behaviour "
+                             "policy, so every minibatch needs its rollout statistics (`rollout_stats`)")
         epochs = self.config.epochs if epochs is None else epochs
         params, frozen, rest = self.split()
         minibatches = [jax.device_put(mb) for mb in minibatches]  # one transfer for all epochs
         skipped_before = int(self.num_skipped)
-        olds: list[OldStats | None] = [None] * len(minibatches)
+        olds: list[OldStats | None] = ([self._put(jax.tree.map(jnp.asarray, r)) for r in rollout] if use_rollout
+                                       else [None] * len(minibatches))
+        seen: list[OldStats | None] = [None] * len(minibatches)  # each minibatch's epoch-0 forward statistics
         per_epoch, shapes = [], set()
         for epoch in range(epochs):
             order = range(len(minibatches)) if epoch == 0 else rng.permutation(len(minibatches))
@@ -355,22 +389,24 @@ class JointUpdater:
                 shapes.add(minibatch_shape(batch))
                 first = olds[k] is None
                 old = self._put(OldStats.zeros(len(batch.planner.valid))) if first else olds[k]
-                params, self.opt_state, rest, self.num_skipped, anchor, metrics = ppo_step(
+                params, self.opt_state, rest, self.num_skipped, current, metrics = ppo_step(
                     self.spec, params, frozen, rest, self.opt_state, self.num_skipped, batch, old,
                     jnp.asarray(first))
                 if first:
-                    olds[k] = anchor
+                    olds[k] = current
+                if epoch == 0:
+                    seen[k] = current
                 per_step.append(metrics)
                 self.num_steps += 1
             host = jax.device_get(per_step)
             per_epoch.append({key: float(np.mean([m[key] for m in host])) for key in host[0]})
         nnx.update(self.policies, params, rest)
         gap = {a: 0.0 for a in AGENTS}
-        for k, anchor in enumerate(olds if rollout_logp is not None else ()):
+        for k, forward in enumerate(seen if rollout is not None and epochs > 0 else ()):
             batch = minibatches[k]
             for agent, recomputed, given, valid in (
-                ("planner", anchor.planner_logp, rollout_logp[k][0], batch.planner.valid),
-                ("trigger", anchor.trigger_logp, rollout_logp[k][1], batch.trigger.valid),
+                ("planner", forward.planner_logp, rollout[k].planner_logp, batch.planner.valid),
+                ("trigger", forward.trigger_logp, rollout[k].trigger_logp, batch.trigger.valid),
             ):
                 diff = np.abs(np.asarray(recomputed) - given)[np.asarray(valid)]
                 gap[agent] = max(gap[agent], float(diff.max(initial=0.0)))

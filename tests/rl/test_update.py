@@ -1,5 +1,7 @@
-"""The jitted joint PPO update on real policies (tiny LoRA backbone): exact first-epoch ratio, what the
-gradients reach, the learning rate of each group, the non-finite guard, bucket padding, compilations."""
+"""The jitted joint PPO update on real policies (tiny LoRA backbone): the ratio anchored on the behaviour
+policy (clipping in epoch 0 after a policy change, agreement with the recompute option without one), the exact
+first-epoch ratio of the recompute option, what the gradients reach, the learning rate of each group, the
+non-finite guard, bucket padding, compilations."""
 
 from __future__ import annotations
 
@@ -8,17 +10,21 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from icml_jax.agents.policy import TRAINABLE, MemoryPolicies, planner_evaluate, trainable_group, trigger_evaluate
 from icml_jax.models.decoder import Decoder
 from icml_jax.models.lora import FROZEN
-from icml_jax.rl import JointUpdater, PPOConfig, Slot, collate, ppo_step
+from icml_jax.rl import JointUpdater, OldStats, PPOConfig, Slot, collate, ppo_step
 from icml_jax.rl.persona_run import tiny_model_config
 from tests.rl.conftest import randomize_trainable, random_items
 
 ACTOR_LR, CRITIC_LR = 1e-3, 1e-2  # a factor 10 apart, so a mix-up cannot pass
-CFG = PPOConfig(actor_lr=ACTOR_LR, critic_lr=CRITIC_LR, epochs=3, minibatch_size=4)
+# the tests of the step itself anchor on the first-epoch forward with LoRA dropout on (the "recompute" option);
+# the default anchor, the behaviour policy's recorded numbers, has its own tests below
+CFG = PPOConfig(actor_lr=ACTOR_LR, critic_lr=CRITIC_LR, epochs=3, minibatch_size=4, old_logp="recompute",
+                update_dropout=True)
 
 
 def minibatches(vocab: int, sizes=(4, 3), seed: int = 0, short: bool = False):
@@ -55,6 +61,73 @@ def test_first_epoch_ratio_is_exactly_one_even_with_lora_dropout(lora_kit):
     rng_after = flat(nnx.state(policies, nnx.RngCount))
     assert rng_after and all(rng_after[k] > rng_before[k] for k in rng_after)
     assert all(getattr(m, "deterministic", True) for _, m in nnx.iter_modules(policies))
+
+
+def behaviour_stats(policies: MemoryPolicies, batch) -> OldStats:
+    """What a rollout records for a collated minibatch's rows: each valid decision scored alone ([1, L], as the
+    agent scores a turn), policies in eval mode (LoRA dropout off); 0 on invalid rows."""
+    p_eval, t_eval = nnx.jit(planner_evaluate), nnx.jit(trigger_evaluate)
+    out = [np.zeros(len(batch.planner.valid), np.float32) for _ in range(4)]
+    for i in range(len(out[0])):
+        if batch.planner.valid[i]:
+            st = p_eval(policies, batch.planner.tokens[i:i + 1], batch.planner.mask[i:i + 1],
+                        jnp.asarray(batch.planner.actions[i:i + 1]))
+            out[0][i], out[1][i] = float(st.logp[0]), float(st.value[0])
+        if batch.trigger.valid[i]:
+            t = batch.trigger
+            st = t_eval(policies, t.tokens[i:i + 1], t.mask[i:i + 1], t.cand_mask[i:i + 1],
+                        jnp.asarray(t.actions[i:i + 1]))
+            out[2][i], out[3][i] = float(st.logp[0]), float(st.value[0])
+    return OldStats(*out)
+
+
+def test_after_a_policy_change_replayed_decisions_leave_ratio_one_and_are_clipped_in_epoch_0(lora_kit):
+    """Decisions sampled by an older policy, trained on after it changed: the default anchor (the recorded
+    log-probabilities) gives ratio != 1 and clipping from the first step; the recompute option hides it."""
+    policies = lora_kit.clone()
+    batches = minibatches(lora_kit.vocab)
+    recorded = [behaviour_stats(policies, b) for b in batches]  # the rollout, under the behaviour policy
+    randomize_trainable(policies, seed=11, scale=1.0)  # the policy changes before these decisions are trained on
+    config = dataclasses.replace(CFG, epochs=1, old_logp="rollout", update_dropout=False)
+    first = {}
+    for mode in ("rollout", "recompute"):
+        result = JointUpdater(nnx.clone(policies), dataclasses.replace(config, old_logp=mode)).run(
+            batches, np.random.default_rng(0), recorded)
+        first[mode] = result.epochs[0]
+    for agent in ("planner", "trigger"):
+        assert first["rollout"][f"{agent}/ratio_max_dev"] > config.clip_eps, first["rollout"]
+        assert first["rollout"][f"{agent}/clip_fraction"] > 0.0 and first["rollout"][f"{agent}/approx_kl"] > 0.0
+        assert first["recompute"][f"{agent}/ratio_max_dev"] == 0.0 and first["recompute"][f"{agent}/clip_fraction"] == 0
+
+
+def test_without_a_policy_change_the_rollout_and_recompute_anchors_agree(lora_kit):
+    """One minibatch, three epochs, LoRA dropout off in both: the same losses, ratios and final parameters."""
+    policies = lora_kit.clone()
+    batches = minibatches(lora_kit.vocab, sizes=(4,))
+    recorded = [behaviour_stats(policies, b) for b in batches]
+    results, params = {}, {}
+    for mode in ("rollout", "recompute"):
+        clone = nnx.clone(policies)
+        results[mode] = JointUpdater(clone, dataclasses.replace(CFG, old_logp=mode, update_dropout=False)).run(
+            batches, np.random.default_rng(0), recorded)
+        params[mode] = flat(nnx.state(clone, TRAINABLE))
+    assert results["rollout"].rollout_logp_gap["trigger"] < 1e-5  # rollout scoring = the update's forward
+    for agent in ("planner", "trigger"):
+        assert results["rollout"].epochs[0][f"{agent}/ratio_max_dev"] < 1e-5
+        assert results["rollout"].epochs[-1][f"{agent}/ratio_max_dev"] > 1e-4  # the policy did move
+    for e_rollout, e_recompute in zip(results["rollout"].epochs, results["recompute"].epochs, strict=True):
+        for key, value in e_recompute.items():
+            np.testing.assert_allclose(e_rollout[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
+    for key, value in params["recompute"].items():
+        if key == "trigger_actor/bias":  # no gradient (a shared offset of all scores): Adam scales float noise
+            continue
+        np.testing.assert_allclose(params["rollout"][key], value, atol=1e-6, err_msg=key)
+
+
+def test_rollout_anchor_needs_the_rollout_statistics(lora_kit):
+    updater = JointUpdater(lora_kit.clone(), dataclasses.replace(CFG, old_logp="rollout"))
+    with pytest.raises(ValueError, match="old_logp='rollout'.*rollout statistics"):
+        updater.run(minibatches(lora_kit.vocab, sizes=(4,)), np.random.default_rng(0))
 
 
 def test_gradients_reach_only_adapters_and_heads_with_the_right_learning_rate(lora_kit):
