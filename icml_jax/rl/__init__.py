@@ -43,7 +43,16 @@ from icml_jax.rl.learner import (
     pooled_metrics,
     session_counts,
 )
-from icml_jax.rl.rewards import miss_penalty, planner_reward, save_reward, trigger_reward, truth_reward
+from icml_jax.rl.rewards import (
+    miss_penalty,
+    normalize_planner_reward,
+    planner_reward,
+    planner_reward_bounds,
+    planner_training_reward,
+    save_reward,
+    trigger_reward,
+    truth_reward,
+)
 from icml_jax.rl.update import (
     JointUpdater,
     Minibatch,
@@ -110,8 +119,11 @@ __all__ = [
     "masked_mean",
     "miss_penalty",
     "nnx_param_labels",
+    "normalize_planner_reward",
     "partition",
     "planner_reward",
+    "planner_reward_bounds",
+    "planner_training_reward",
     "policy_loss",
     "pooled_metrics",
     "ppo_loss",

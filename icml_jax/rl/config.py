@@ -33,6 +33,13 @@ def _check_finite(owner: str, **values: float) -> None:
 class RewardConfig:
     """How per-turn judge scores become rewards for the Planner and Trigger, and how pending saves resolve.
 
+    Scales: the judges' r_proxy and r_qual are in [0, 1], so the Trigger's reward (r_qual) is too; a save earns
+    r_truth = r_proxy - save_cost + truth_lambda * r_qual(future) * 1[triggered], in [-save_cost,
+    1 - save_cost + truth_lambda] (up to 1.5 with the defaults); a discard earns 0 or the miss penalty, down to
+    -alpha. `normalize` (default, as the paper normalises rewards to [0, 1]) maps the Planner's reward affinely
+    from those bounds (`rewards.planner_reward_bounds`) onto [0, 1] before advantages are computed (online and
+    for the warm-up's value targets); ordering and differences keep their meaning, metrics stay in raw units.
+
     - `alpha`: miss-penalty weight; discarding a turn with r_proxy >= `high_value_threshold` earns -alpha * r_proxy.
     - `save_cost`: a constant subtracted from every save's reward (0 = the paper's reward; > 0 discourages
       hoarding).
@@ -46,6 +53,7 @@ class RewardConfig:
       "max" or "mean" of all triggers so far.
     - `user_mismatch`: a trigger whose user differs from the fragment's owner means memory isolation broke:
       "raise" (default) raises `UserMismatchError` and changes nothing; "count" ignores it and counts it.
+    - `normalize`: train on Planner rewards mapped onto [0, 1] (see Scales); False = the raw scale.
     """
 
     alpha: float = 1.0
@@ -55,6 +63,7 @@ class RewardConfig:
     untriggered: str = "proxy"
     multi_trigger: str = "first"
     user_mismatch: str = "raise"
+    normalize: bool = True
 
     def __post_init__(self) -> None:
         """Reject settings that would make rewards meaningless, naming the field."""
@@ -70,6 +79,8 @@ class RewardConfig:
                 f"RewardConfig: alpha, save_cost and truth_lambda must be >= 0, got "
                 f"{self.alpha}, {self.save_cost}, {self.truth_lambda}"
             )
+        if not isinstance(self.normalize, bool):
+            raise ValueError(f"RewardConfig.normalize must be a bool, got {self.normalize!r}")
         for name, allowed in (
             ("untriggered", UNTRIGGERED_POLICIES),
             ("multi_trigger", MULTI_TRIGGER_POLICIES),

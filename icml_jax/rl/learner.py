@@ -38,7 +38,7 @@ from icml_jax.rl.advantages import compute_advantages
 from icml_jax.rl.checkpoint import policy_arrays, restore_policy_arrays
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.pending import PendingRewardBuffer, SaveReward
-from icml_jax.rl.rewards import planner_reward
+from icml_jax.rl.rewards import planner_reward, planner_training_reward
 from icml_jax.rl.update import (JointUpdater, PlannerItem, Slot, TriggerItem, UpdateResult, collate, partition,
                                  rollout_stats)
 
@@ -320,8 +320,9 @@ class OnlineLearner:
             for i, (rec, key) in enumerate(entries):
                 if agent == "trigger":
                     ok, r, v = i < n_current and rec.r_qual is not None, rec.r_qual, rec.receipt.trigger.value
-                else:
-                    ok, r, v = rec.planner_reward is not None, rec.planner_reward, rec.receipt.planner.value
+                else:  # raw r_truth / miss penalty, onto [0, 1] when config.reward.normalize
+                    ok, v = rec.planner_reward is not None, rec.receipt.planner.value
+                    r = float(planner_training_reward(rec.planner_reward, self.config.reward)) if ok else None
                 if ok:
                     rewards[i], values[i], mask[i] = r, v, True
                     last_of[key] = i

@@ -54,3 +54,26 @@ def truth_reward(r_proxy: Any, r_qual_future: Any, triggered: Any, config: Rewar
     bonus = np.float32(config.truth_lambda) * xp.asarray(r_qual_future, dtype=np.float32)
     # where, not multiply: an untriggered save may carry a NaN placeholder for r_qual_future.
     return save_reward(r, config) + xp.where(xp.asarray(triggered, dtype=bool), bonus, np.float32(0.0))
+
+
+def planner_reward_bounds(config: RewardConfig) -> tuple[float, float]:
+    """(lowest, highest) Planner reward for judge scores in [0, 1]: a save spans [-save_cost, 1 - save_cost +
+    truth_lambda], a discard [-alpha, 0] (0 alone when no score reaches the high-value threshold)."""
+    miss = config.alpha if config.high_value_threshold <= 1.0 else 0.0
+    low = min(-miss, -config.save_cost, 0.0)
+    high = max(1.0 - config.save_cost + config.truth_lambda, 0.0)
+    return float(low), float(high)
+
+
+def normalize_planner_reward(reward: Any, config: RewardConfig) -> Any:
+    """The Planner reward mapped affinely from `planner_reward_bounds` onto [0, 1] (the paper's reward scale)."""
+    xp = _xp(reward)
+    low, high = planner_reward_bounds(config)
+    return (xp.asarray(reward, dtype=np.float32) - np.float32(low)) / np.float32(high - low)
+
+
+def planner_training_reward(reward: Any, config: RewardConfig) -> Any:
+    """What advantages are computed from: `normalize_planner_reward` when `config.normalize`, else the raw reward."""
+    if config.normalize:
+        return normalize_planner_reward(reward, config)
+    return _xp(reward).asarray(reward, dtype=np.float32)

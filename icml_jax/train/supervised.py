@@ -41,7 +41,7 @@ from icml_jax.agents.policy import MemoryPolicies, planner_forward, trigger_forw
 from icml_jax.data.schema import Episode, TurnRef
 from icml_jax.rl.config import RewardConfig
 from icml_jax.rl.optim import guarded_apply
-from icml_jax.rl.rewards import planner_reward, trigger_reward, truth_reward
+from icml_jax.rl.rewards import planner_reward, planner_training_reward, trigger_reward, truth_reward
 from icml_jax.synthesis.dataset import ExpertData, load_expert_data
 from icml_jax.synthesis.examples import PlannerExample, TriggerExample, planner_examples
 from icml_jax.train.checkpoint import WARMUP_TRAINABLE, save_warmup
@@ -136,13 +136,14 @@ Returns = dict[tuple[str, TurnRef], float]  # (episode id, user turn) -> the exp
 def planner_expert_rewards(examples: Sequence[PlannerExample], config: WarmupConfig) -> np.ndarray:
     """The expert's reward per Planner decision, with the online formulas: a save earns its gain (r_proxy) plus
     the truth bonus when a later turn needs it (r_qual of that use = expert_quality); a discard earns the miss
-    penalty (0 below the high-value threshold, which the expert's discards are)."""
+    penalty (0 below the high-value threshold, which the expert's discards are); on [0, 1] when
+    `config.rewards.normalize`, as the online learner trains on them."""
     saved = np.array([e.label for e in examples], bool)
     gain = np.array([e.gain for e in examples], np.float32)
     needed = np.array([e.needed_later for e in examples], bool)
     base = planner_reward(saved, gain, config.rewards)
     truth = truth_reward(gain, np.full_like(gain, config.expert_quality), needed, config.rewards)
-    return np.where(saved, truth, base).astype(np.float32)
+    return planner_training_reward(np.where(saved, truth, base), config.rewards).astype(np.float32)
 
 
 def _discounted(rewards: np.ndarray, gamma: float) -> np.ndarray:

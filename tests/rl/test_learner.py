@@ -222,3 +222,27 @@ def test_user_speaker_none_acts_at_every_turn_of_a_real_two_speaker_episode(tmp_
     both = evaluate(learner.policies, tokenizer, [episode], agent_config=agent_cfg, user_speaker=None)
     one = evaluate(learner.policies, tokenizer, [episode], agent_config=agent_cfg, user_speaker="speaker_1")
     assert [c.turns for c in both] == [2, 2, 2] and [c.turns for c in one] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_the_planner_trains_on_rewards_normalised_to_0_1_unless_told_otherwise(tmp_path, normalize):
+    """gamma 0: the Planner's training returns are its rewards, mapped from [-alpha, 1 - cost + lambda] onto
+    [0, 1] by default; the logged rewards stay raw."""
+    from icml_jax.rl import planner_reward_bounds
+
+    reward = dataclasses.replace(RUN.reward, normalize=normalize)
+    learner, _ = build_learner(dataclasses.replace(RUN, reward=reward), tmp_path)
+    learner.updater.config = dataclasses.replace(learner.updater.config, epochs=1)
+    seen = []
+    real_run = learner.updater.run
+    learner.updater.run = lambda minibatches, rng, rollout=None, **kw: (seen.extend(minibatches),
+                                                                        real_run(minibatches, rng, rollout, **kw))[1]
+    out = learner.run_episode(generate_episodes(learning_world(), 1, start_index=5)[0])
+    returns = np.concatenate([np.asarray(mb.planner.returns)[np.asarray(mb.planner.valid)] for mb in seen])
+    low, high = planner_reward_bounds(reward)
+    raw_mean = out["rewards/planner"]
+    assert low < raw_mean < high and len(returns) == out["update/decisions/planner"]
+    want = (raw_mean - low) / (high - low) if normalize else raw_mean
+    assert returns.mean() == pytest.approx(want, abs=1e-5)
+    if normalize:
+        assert returns.min() >= 0.0 and returns.max() <= 1.0

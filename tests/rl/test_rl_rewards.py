@@ -5,7 +5,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from icml_jax.rl import RewardConfig, miss_penalty, planner_reward, save_reward, trigger_reward, truth_reward
+from icml_jax.rl import (
+    RewardConfig,
+    miss_penalty,
+    normalize_planner_reward,
+    planner_reward,
+    planner_reward_bounds,
+    planner_training_reward,
+    save_reward,
+    trigger_reward,
+    truth_reward,
+)
 
 
 def np_planner(saved, r_proxy, alpha, thr, cost):
@@ -51,3 +61,39 @@ def test_truth_reward_formula_and_nan_placeholder():
     np.testing.assert_allclose(truth_reward(r_proxy, qual, triggered, cfg), want, rtol=1e-6)
     jitted = jax.jit(lambda a, b, c: truth_reward(a, b, c, cfg))(*map(jnp.asarray, (r_proxy, qual, triggered)))
     np.testing.assert_allclose(jitted, want, rtol=1e-6)
+
+
+def np_planner_rewards_over_grid(alpha, thr, cost, lam, n=21):
+    """Every Planner reward the formulas give on a grid of judge scores: saves (triggered or not) and discards."""
+    grid = np.linspace(0.0, 1.0, n)
+    out = []
+    for r_proxy in grid:
+        out.append(-alpha * r_proxy if r_proxy >= thr else 0.0)  # discard
+        out.append(r_proxy - cost)  # untriggered save
+        out += [r_proxy - cost + lam * q for q in grid]  # triggered save
+    return np.array(out)
+
+
+@pytest.mark.parametrize("alpha,thr,cost,lam", [(1.0, 0.5, 0.0, 0.5), (2.0, 0.6, 0.3, 0.5), (0.0, 0.5, 0.0, 0.0),
+                                                (0.5, 1.5, 2.5, 0.5), (1.0, 0.5, 0.5, 1.0)])
+def test_planner_reward_bounds_are_the_extremes_and_normalisation_maps_them_onto_0_1(alpha, thr, cost, lam):
+    cfg = RewardConfig(alpha=alpha, high_value_threshold=thr, save_cost=cost, truth_lambda=lam)
+    everything = np_planner_rewards_over_grid(alpha, thr, cost, lam)
+    assert planner_reward_bounds(cfg) == pytest.approx((everything.min(), everything.max()))
+    want = (everything - everything.min()) / (everything.max() - everything.min())
+    got = normalize_planner_reward(everything.astype(np.float32), cfg)
+    assert isinstance(got, np.ndarray)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert got.min() == pytest.approx(0.0, abs=1e-6) and got.max() == pytest.approx(1.0, abs=1e-6)
+    jitted = jax.jit(lambda r: normalize_planner_reward(r, cfg))(jnp.asarray(everything, jnp.float32))
+    np.testing.assert_allclose(jitted, want, rtol=1e-5, atol=1e-6)
+
+
+def test_training_reward_is_normalised_by_default_and_raw_on_request():
+    raw = np.array([-1.0, 0.0, 0.4, 1.5], np.float32)
+    paper = RewardConfig()  # alpha 1, lambda 0.5, no save cost: [-1, 1.5] -> [0, 1]
+    assert paper.normalize
+    np.testing.assert_allclose(planner_training_reward(raw, paper), (raw + 1.0) / 2.5, rtol=1e-6)
+    np.testing.assert_array_equal(planner_training_reward(raw, RewardConfig(normalize=False)), raw)
+    with pytest.raises(ValueError, match="RewardConfig.normalize"):
+        RewardConfig(normalize="yes")

@@ -224,3 +224,21 @@ def test_warmup_shows_a_bar_over_its_steps(runs, world_tokenizer, capsys):
     err = capsys.readouterr().err
     assert "warm-up steps" in err and f"0/{result.steps}" in err
     assert result.compilations == {"planner_step": 1, "trigger_step": 1, **scorers}
+
+
+def test_expert_planner_rewards_are_on_the_online_training_scale():
+    """The value targets use the online reward formulas and the same [0, 1] normalisation (or none, raw)."""
+    from icml_jax.data.schema import TurnRef
+    from icml_jax.rl import RewardConfig, planner_reward_bounds
+    from icml_jax.synthesis import PlannerExample
+
+    examples = [PlannerExample("e", TurnRef(0, 0), (), "I am vegan.", True, 1.0, True),  # r_truth 1 + 0.5 * 1
+                PlannerExample("e", TurnRef(0, 1), (), "Nice weather.", False, 0.0, False),  # discard, low value
+                PlannerExample("e", TurnRef(0, 2), (), "I have a cat.", True, 0.8, False)]  # untriggered: 0.8
+    raw = np.array([1.5, 0.0, 0.8], np.float32)
+    rewards = RewardConfig()
+    low, high = planner_reward_bounds(rewards)
+    got = supervised.planner_expert_rewards(examples, WarmupConfig(rewards=rewards))
+    np.testing.assert_allclose(got, (raw - low) / (high - low), rtol=1e-6)
+    raw_config = WarmupConfig(rewards=dataclasses.replace(rewards, normalize=False))
+    np.testing.assert_allclose(supervised.planner_expert_rewards(examples, raw_config), raw, rtol=1e-6)
