@@ -87,8 +87,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str])
     if not str(workdir):
         raise ConfigError("--workdir is required: the directory that receives metrics.jsonl and stage outputs")
     stages = _stages(config)
-    try:
-        check_data_config(config, stages)
+    try:  # seed sessions drawn from the data read the same episodes as the online stage
+        check_data_config(config, (*stages, "online") if "synthesize" in stages and _data_seeds(config) else stages)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if "warmup" in stages and "synthesize" not in stages:
@@ -228,6 +228,30 @@ def _synthesis(config: ml_collections.ConfigDict):
     return SynthesisConfig.from_config(config.synthesis)
 
 
+def _data_seeds(config: ml_collections.ConfigDict) -> bool:
+    """Whether the synthesis seeds come from the episodes the online stage plays (`synthesis.seed_source`)."""
+    from icml_jax.data.stream import REAL_DATASETS
+
+    if config.synthesis.get("seeds_file"):
+        return False
+    source = config.synthesis.get("seed_source", "auto")
+    return source == "data" or (source == "auto" and config.data.name in REAL_DATASETS)
+
+
+def synthesis_seeds(config: ml_collections.ConfigDict):
+    """The synthesis seeds of a run: with data seeds, the first sessions of the first `synthesis.num_seeds`
+    distinct episodes of the online stream (the users the online stage will meet, in its order); else None
+    (`synthesize` reads the seeds file or draws persona-world constraints)."""
+    from icml_jax.data.stream import online_stream
+    from icml_jax.synthesis import seeds_from_episodes
+
+    if not _data_seeds(config):
+        return None
+    world = _synthesis(config).world
+    return seeds_from_episodes(online_stream(config), int(config.synthesis.num_seeds),
+                               user_speaker=world.user_speaker, assistant_speaker=world.assistant_speaker)
+
+
 def _warmup(config: ml_collections.ConfigDict):
     from icml_jax.train import WarmupConfig
 
@@ -337,12 +361,13 @@ def build_models(config: ml_collections.ConfigDict, workdir: Path) -> tuple[Any,
 
 def stage_synthesize(run: Run) -> dict[str, Any]:
     """Retrospective Session Synthesis with the synthesizer (default: generator) back end into
-    `<workdir>/synthesis`."""
+    `<workdir>/synthesis`, from the seeds of `synthesis_seeds` (real data: the played episodes' first sessions)."""
     from icml_jax.llm.registry import make_backend
     from icml_jax.synthesis import synthesize
 
     backend = make_backend(run.config.llm[_synthesis_role(run.config)])
-    manifest = synthesize(_synthesis(run.config), backend, run.workdir / SYNTHESIS_DIR)
+    manifest = synthesize(_synthesis(run.config), backend, run.workdir / SYNTHESIS_DIR,
+                          seeds=synthesis_seeds(run.config))
     counts = manifest["counts"]
     row = {"storylines_accepted": counts["storylines_accepted"], "storylines_rejected": counts["storylines_rejected"],
            "train_episodes": counts["train"]["episodes"], "heldout_episodes": counts["heldout"]["episodes"],

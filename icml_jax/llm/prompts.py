@@ -315,7 +315,8 @@ def format_session_block(index: int, gap_text: str | None, turns: Dialogue, *, i
 
 
 def _facts_block(facts: Sequence[str]) -> str:
-    return "\n".join(f"- {f}" for f in facts) if facts else "- (none given: invent one plausible constraint)"
+    return ("\n".join(f"- {f}" for f in facts) if facts else
+            "- (none listed: those the later sessions rely on; if they rely on none, invent one plausible constraint)")
 
 
 def synthesis_seed_request(

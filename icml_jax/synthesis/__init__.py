@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from icml_jax.synthesis.examples import (
 )
 from icml_jax.synthesis.offline_world import StorylineKey, ground_truth, seed_session, storyline_sessions
 from icml_jax.synthesis.parsing import MalformedOutput
-from icml_jax.synthesis.seeds import SeedSpec, make_seeds, split_seeds
+from icml_jax.synthesis.seeds import SeedSpec, make_seeds, seeds_from_episodes, split_seeds
 from icml_jax.synthesis.storylines import Rejection, RequestStats, SynthesisResult, synthesize_episodes
 
 
@@ -62,14 +63,20 @@ def _count(episodes: Any, user_speaker: str) -> dict[str, int]:
 
 
 def synthesize(config: SynthesisConfig | ml_collections.ConfigDict | dict, backend: LLMBackend,
-               out_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Runs the synthesis with `backend` and writes the expert dataset to `out_dir`; returns the manifest."""
+               out_dir: str | os.PathLike[str], *, seeds: Sequence[SeedSpec] | None = None) -> dict[str, Any]:
+    """Runs the synthesis with `backend` and writes the expert dataset to `out_dir`; returns the manifest.
+
+    `seeds`: the seeds to write storylines from (e.g. `seeds_from_episodes` of the episodes to be played);
+    None = `make_seeds(config)` (the seeds file, else constraints drawn from the persona world).
+    """
     if not isinstance(config, SynthesisConfig):
         config = SynthesisConfig.from_config(config)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     usage_before = backend.usage
-    seeds = make_seeds(config)
+    seeds = list(seeds) if seeds is not None else make_seeds(config)
+    if not seeds:
+        raise ValueError("synthesize: no seeds")
     train_ids, held_ids = split_seeds(seeds, config.heldout_fraction, config.seed)
     result = synthesize_episodes(config, backend, seeds)
     user = config.world.user_speaker
@@ -139,6 +146,7 @@ __all__ = [
     "planner_examples",
     "read_manifest",
     "seed_session",
+    "seeds_from_episodes",
     "split_seeds",
     "storyline_sessions",
     "synthesize",

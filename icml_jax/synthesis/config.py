@@ -13,6 +13,9 @@ from icml_jax.data import persona_world
 from icml_jax.data.persona_world import PersonaWorldConfig
 
 
+SEED_SOURCES: tuple[str, ...] = ("auto", "data", "world")
+
+
 @dataclasses.dataclass(frozen=True)
 class OfflineWorldConfig:
     """How the offline back end writes storylines from the persona world's templates (ignored by real models).
@@ -45,8 +48,13 @@ class SynthesisConfig:
       num_seeds: seed sessions; each gives `storylines_per_seed` episodes (84 x 3 = 252, the paper's ~250).
       storylines_per_seed / prequels_per_storyline: the paper's 3 and 4.
       facts_per_seed: lasting constraints/preferences a seed session depends on (drawn from the world's vocabulary).
+      seed_source: where seed sessions come from. "data": the first session of the episodes the online stage
+        plays (the paper's seed is the new user's first real interaction; `seeds.seeds_from_episodes`, never a
+        final session); "world": constraints drawn from the persona world's vocabulary, the seed session
+        written by the back end; "auto" (default): "data" on a real dataset (msc, cc, gapchat), "world" on the
+        persona world. Resolved by the main job, which knows the dataset (`icml_jax.main.synthesis_seeds`).
       seeds_file: optional JSONL of seeds ({"seed_id", "facts": [...], "session": optional Session dict}) used
-        instead of drawing constraints; a given session skips the seed-writing request.
+        instead of any other source; a given session skips the seed-writing request.
       turns_per_session: how many turns the writers are asked for; max_turns_per_session: longer answers are
         malformed.
       max_attempts: tries per request (first + re-asks) before the storyline is skipped and counted.
@@ -68,6 +76,7 @@ class SynthesisConfig:
     storylines_per_seed: int = 3
     prequels_per_storyline: int = 4
     facts_per_seed: int = 1
+    seed_source: str = "auto"
     seeds_file: str | None = None
     turns_per_session: int = 8
     max_turns_per_session: int = 40
@@ -93,6 +102,8 @@ class SynthesisConfig:
         for name in ("hard_negatives", "soft_negatives", "none_examples_per_episode"):
             if getattr(self, name) < 0:
                 raise ValueError(f"SynthesisConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.seed_source not in SEED_SOURCES:
+            raise ValueError(f"SynthesisConfig.seed_source must be one of {SEED_SOURCES}, got {self.seed_source!r}")
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise ValueError(f"SynthesisConfig.heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
         if not 0.0 < self.save_threshold <= 1.0:

@@ -1,4 +1,11 @@
-"""Seeds of the synthesis: the lasting constraints/preferences a seed session depends on (and the session, if given)."""
+"""Seeds of the synthesis: the seed session storylines are written backwards from, or the lasting
+constraints/preferences a seed session is to be written around.
+
+The paper's seed session is a new user's first real interaction, so on a real dataset the seeds are the first
+sessions of the episodes the online stage plays (`seeds_from_episodes`; never a final session: that one holds
+the evaluation targets). The persona world draws constraints from its vocabulary instead (`draw_seeds`), and
+a JSONL file can give either (`read_seeds_file`).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from icml_jax.data.schema import SchemaError, Session
+from collections.abc import Iterable
+
+from icml_jax.data.schema import Episode, SchemaError, Session, Turn
 from icml_jax.synthesis.config import SynthesisConfig
 
 
@@ -77,6 +86,37 @@ def read_seeds_file(path: str | Path) -> list[SeedSpec]:
             seeds.append(SeedSpec(d["seed_id"], tuple(facts), session))
     if not seeds:
         raise ValueError(f"seeds file {path} holds no seeds")
+    return seeds
+
+
+def seeds_from_episodes(episodes: Iterable[Episode], num_seeds: int, *, user_speaker: str,
+                        assistant_speaker: str) -> list[SeedSpec]:
+    """Seeds from the first real session of up to `num_seeds` distinct episodes (in the order given).
+
+    An episode with a single session is skipped: its only session is the final one, whose turns are the
+    evaluation targets and must never reach a synthesis prompt. Speakers become the writers' two roles: the
+    session's first speaker is the user, everyone else the assistant. Seed ids are "data:<episode_id>"; the
+    seeds carry no constraint list (the prompts tell the writer to use what the session relies on).
+    """
+    if num_seeds < 1:
+        raise ValueError(f"seeds_from_episodes: num_seeds must be >= 1, got {num_seeds}")
+    seeds: list[SeedSpec] = []
+    seen: set[str] = set()
+    for episode in episodes:
+        if len(seeds) == num_seeds:
+            break
+        if episode.episode_id in seen or len(episode.sessions) < 2:
+            continue
+        seen.add(episode.episode_id)
+        first = episode.sessions[0]
+        if not first.turns:
+            continue
+        opener = first.turns[0].speaker
+        turns = tuple(Turn(user_speaker if t.speaker == opener else assistant_speaker, t.text) for t in first.turns)
+        seeds.append(SeedSpec(f"data:{episode.episode_id}", (), Session(turns)))
+    if not seeds:
+        raise ValueError("seeds_from_episodes: no episode with at least two sessions (a first session that is not "
+                         "the final, evaluated one) to seed the synthesis from")
     return seeds
 
 
