@@ -67,10 +67,13 @@ def _synthesis_role(config: ml_collections.ConfigDict) -> str:
 
 def _backend_roles(config: ml_collections.ConfigDict, stages: Sequence[str]) -> list[str]:
     """The `config.llm` back ends the stages call: synthesis writes with the synthesizer (default: the
-    generator); online needs the generator and the judge."""
+    generator) and condenses the expert memories with the generator (the online memory writer's back end);
+    online needs the generator and the judge."""
     roles = []
     if "synthesize" in stages:
         roles.append(_synthesis_role(config))
+        if config.synthesis.get("condense_memories", True):
+            roles.append("generator")
     if "online" in stages:
         roles += ["generator", "judge"]
     return list(dict.fromkeys(roles))
@@ -361,13 +364,18 @@ def build_models(config: ml_collections.ConfigDict, workdir: Path) -> tuple[Any,
 
 def stage_synthesize(run: Run) -> dict[str, Any]:
     """Retrospective Session Synthesis with the synthesizer (default: generator) back end into
-    `<workdir>/synthesis`, from the seeds of `synthesis_seeds` (real data: the played episodes' first sessions)."""
+    `<workdir>/synthesis`, from the seeds of `synthesis_seeds` (real data: the played episodes' first sessions),
+    memories condensed by the generator as the online agent's are."""
     from icml_jax.llm.registry import make_backend
     from icml_jax.synthesis import synthesize
 
-    backend = make_backend(run.config.llm[_synthesis_role(run.config)])
+    role = _synthesis_role(run.config)
+    backend = make_backend(run.config.llm[role])
+    # the expert data's memories are condensed as online ones: by the generator (the agent's condenser)
+    condense = bool(run.config.synthesis.get("condense_memories", True))
+    condenser = make_backend(run.config.llm.generator) if condense and role != "generator" else backend
     manifest = synthesize(_synthesis(run.config), backend, run.workdir / SYNTHESIS_DIR,
-                          seeds=synthesis_seeds(run.config))
+                          seeds=synthesis_seeds(run.config), condenser=condenser)
     counts = manifest["counts"]
     row = {"storylines_accepted": counts["storylines_accepted"], "storylines_rejected": counts["storylines_rejected"],
            "train_episodes": counts["train"]["episodes"], "heldout_episodes": counts["heldout"]["episodes"],

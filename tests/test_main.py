@@ -129,14 +129,18 @@ def test_config_errors_come_before_any_stage(tmp_path, monkeypatch, changes, mes
 
 
 def test_synthesizer_block_writes_the_expert_data(tmp_path, monkeypatch):
-    """llm.synthesizer, when set, writes the storylines; the generator (here a Gemini block without a key) is not
-    needed by a synthesis-only run."""
+    """llm.synthesizer, when set, writes the storylines; the generator (here a Gemini block without a key)
+    condenses the expert memories as it condenses online ones, so a synthesis-only run needs it unless
+    synthesis.condense_memories is off."""
     for name in ("GEMINI_API_KEY", "GOOGLE_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     config = tiny_demo()
     config.mode = ("synthesize",)
     config.llm.generator = ml_collections.ConfigDict(dict(kind="gemini", model="gemini-2.5-flash"))
     config.llm.synthesizer = ml_collections.ConfigDict(dict(kind="offline"))
+    with pytest.raises(job.ConfigError, match="config.llm.generator is a Gemini back end"):
+        job.run(config, tmp_path, out=io.StringIO())
+    config.synthesis.condense_memories = False
     job.run(config, tmp_path, out=io.StringIO())
     manifest = json.loads((tmp_path / "synthesis" / "manifest.json").read_text())
     assert manifest["backend"]["name"] == "offline" and manifest["counts"]["storylines_accepted"] > 0

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from icml_jax.llm.generation import CondenseInput, condense_turns
+from icml_jax.llm.generation import CondenseInput, Condensed, condense_turns
 from icml_jax.llm.prompts import Dialogue
 from icml_jax.llm.types import LLMBackend
 from icml_jax.memory.fragment import Fragment, NewFragment
@@ -26,6 +26,12 @@ class TurnToSave:
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
+def condense(backend: LLMBackend, turns: Sequence[TurnToSave]) -> list[Condensed]:
+    """The notes `save_turns` stores for `turns` (one batched back-end call). The synthesis condenses the expert
+    data's memories with it too, so the warm-up trains on the memories the Trigger sees online."""
+    return condense_turns(backend, [CondenseInput(t.text, t.history) for t in turns])
+
+
 def save_turns(
     store: MemoryStore,
     backend: LLMBackend,
@@ -42,7 +48,7 @@ def save_turns(
     """
     if not turns:
         return []
-    condensed = condense_turns(backend, [CondenseInput(t.text, t.history) for t in turns])
+    condensed = condense(backend, turns)
     drafts = []
     for t, c in zip(turns, condensed, strict=True):
         extra = dict(t.extra)

@@ -30,6 +30,7 @@ from icml_jax.synthesis.examples import (
     planner_examples,
     trigger_examples,
 )
+from icml_jax.synthesis.memories import condense_expert_data
 from icml_jax.synthesis.offline_world import StorylineKey, ground_truth, seed_session, storyline_sessions
 from icml_jax.synthesis.parsing import MalformedOutput
 from icml_jax.synthesis.seeds import SeedSpec, make_seeds, seeds_from_episodes, split_seeds
@@ -63,11 +64,14 @@ def _count(episodes: Any, user_speaker: str) -> dict[str, int]:
 
 
 def synthesize(config: SynthesisConfig | ml_collections.ConfigDict | dict, backend: LLMBackend,
-               out_dir: str | os.PathLike[str], *, seeds: Sequence[SeedSpec] | None = None) -> dict[str, Any]:
+               out_dir: str | os.PathLike[str], *, seeds: Sequence[SeedSpec] | None = None,
+               condenser: LLMBackend | None = None) -> dict[str, Any]:
     """Runs the synthesis with `backend` and writes the expert dataset to `out_dir`; returns the manifest.
 
     `seeds`: the seeds to write storylines from (e.g. `seeds_from_episodes` of the episodes to be played);
     None = `make_seeds(config)` (the seeds file, else constraints drawn from the persona world).
+    `condenser`: the back end the online agent condenses memories with (the main job's generator); None =
+    `backend`. Used when `config.condense_memories`.
     """
     if not isinstance(config, SynthesisConfig):
         config = SynthesisConfig.from_config(config)
@@ -85,11 +89,17 @@ def synthesize(config: SynthesisConfig | ml_collections.ConfigDict | dict, backe
         "train": [e for e in result.episodes if e.meta["seed_id"] not in held],
         "heldout": [e for e in result.episodes if e.meta["seed_id"] in held],
     }
-    files, counts = {}, {}
+    files, counts, condensed = {}, {}, {}
+    condenser = condenser or backend
+    condenser_usage = condenser.usage
     for split, episodes in splits.items():
         examples = trigger_examples(episodes, user_speaker=user, hard_negatives=config.hard_negatives,
                                     soft_negatives=config.soft_negatives,
                                     none_per_episode=config.none_examples_per_episode, seed=config.seed)
+        if config.condense_memories:
+            episodes, examples, condensed[split] = condense_expert_data(episodes, examples, condenser,
+                                                                        user_speaker=user,
+                                                                        batch_size=config.batch_size)
         files[dataset.episodes_path(out, split).name] = dataset.write_records(
             dataset.episodes_path(out, split), [e.to_json() for e in episodes])
         files[dataset.trigger_path(out, split).name] = dataset.write_records(
@@ -116,6 +126,9 @@ def synthesize(config: SynthesisConfig | ml_collections.ConfigDict | dict, backe
         },
         "requests": result.stats.to_dict(),
         "usage": dataclasses.asdict(backend.usage - usage_before),
+        "memories": {"condensed": config.condense_memories, "backend": describe_backend(condenser),
+                     "usage": dataclasses.asdict(condenser.usage - condenser_usage) if condenser is not backend
+                     else None, **{split: c for split, c in condensed.items()}},
         "rejections": [r.to_dict() for r in result.rejections],
         "files": files,
     }

@@ -65,6 +65,9 @@ class SynthesisConfig:
         memories of storylines of other seeds.
       none_examples_per_episode: seed-session turns that need no memory, added as Trigger examples with target
         "none".
+      condense_memories: turn the expert data's memories (Trigger candidates, expert saves) into notes with the
+        online memory writer and back end, as the Trigger sees them online (`icml_jax.synthesis.memories`);
+        False: raw turn texts.
       heldout_fraction: share of seeds (all their storylines) kept out of training for the warm-up's metrics.
       world: the persona world whose vocabulary and speaker labels are used (and whose templates the offline
         back end writes with).
@@ -88,6 +91,7 @@ class SynthesisConfig:
     hard_negatives: int = 3
     soft_negatives: int = 3
     none_examples_per_episode: int = 1
+    condense_memories: bool = True
     heldout_fraction: float = 0.2
     world: PersonaWorldConfig = dataclasses.field(default_factory=PersonaWorldConfig)
     offline: OfflineWorldConfig = dataclasses.field(default_factory=OfflineWorldConfig)

@@ -6,7 +6,8 @@ storylines of *other* seeds whose constraints are of other kinds: storylines of 
 with a constraint of the same kind ("diet: vegan" / "diet: keto"), hold memories that would answer the query
 as well as the positive, which would make the label wrong). A candidate never equals a positive by reference
 or by (normalised) text. Turns of the seed session that need nothing also become examples whose answer is
-"none" (index 0). Memories are the turn texts (the offline condenser keeps the text as the memory).
+"none" (index 0). Candidates are built from the turn texts; the synthesis then condenses them into notes as
+the online memory writer does (`icml_jax.synthesis.memories`), keeping the turn text as `source_text`.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ def _norm(text: str) -> str:
 class Candidate:
     """A memory offered to the Trigger: its text, why it is there, and where it comes from."""
 
-    text: str
+    text: str  # what the Trigger reads: the condensed note (or the turn text, uncondensed)
     source: str  # "positive" | "hard" | "soft"
     episode_id: str
     ref: TurnRef
+    source_text: str | None = None  # the turn text the note was condensed from (None: not condensed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +69,8 @@ class TriggerExample:
         ex = cls(
             example_id=d["example_id"], episode_id=d["episode_id"], seed_id=d["seed_id"],
             query=TurnRef(*d["query"]), history=tuple((a, b) for a, b in d["history"]), utterance=d["utterance"],
-            candidates=tuple(Candidate(c["text"], c["source"], c["episode_id"], TurnRef(*c["ref"]))
-                             for c in d["candidates"]),
+            candidates=tuple(Candidate(c["text"], c["source"], c["episode_id"], TurnRef(*c["ref"]),
+                                       c.get("source_text")) for c in d["candidates"]),
             target=int(d["target"]),
         )
         if not 0 <= ex.target <= len(ex.candidates):

@@ -161,7 +161,7 @@ def test_trigger_negatives_never_contain_the_positive(offline_run):
 
 
 class FaultyBackend:
-    """The offline back end, with answers replaced by `fault(request)` when it returns a string."""
+    """The offline back end, with synthesis answers replaced by `fault(request)` when it returns a string."""
 
     name = "faulty"
 
@@ -179,7 +179,7 @@ class FaultyBackend:
         self.seen.extend(requests)
         out = []
         for r, resp in zip(requests, self.inner.generate(requests), strict=True):
-            bad = self.fault(r)
+            bad = self.fault(r) if r.task in prompts.SYNTHESIS_TASKS else None  # memory condensation: untouched
             if bad is None:
                 out.append(resp)
             else:
@@ -329,6 +329,8 @@ def test_gemini_back_end_runs_the_same_parse_path(fake_gemini, gemini_env, tmp_p
             turns = [{"speaker": "user", "text": "I decided to go vegan this week."},
                      {"speaker": "assistant", "text": "That's a big step!"}]
             return fake_gemini.ok(json.dumps({"gap_to_next": "2 weeks", "turns": turns}))
+        if "Write one short note" in prompt:  # the expert memory's condensation, as online
+            return fake_gemini.ok("The user has gone vegan.")
         if "Current session:\nSession 0" in prompt:
             return fake_gemini.ok(json.dumps({"labels": [{"turn": 0, "gain": 0.9, "needs": []}]}))
         return fake_gemini.ok(json.dumps({"labels": [{"turn": 0, "gain": 0.0,
@@ -349,5 +351,8 @@ def test_gemini_back_end_runs_the_same_parse_path(fake_gemini, gemini_env, tmp_p
     (ep,) = load_expert_data(tmp_path).train_episodes
     assert ep.sessions[1].gap_text == "2 weeks" and ep.sessions[1].gap_seconds == 14 * 86400
     assert ep.sessions[0].turns[0].y_p is True and ep.sessions[1].turns[0].y_t == (TurnRef(0, 0),)
-    assert all("responseJsonSchema" in r["body"].get("generationConfig", {}) for r in fake_gemini.requests)
-    assert fake_gemini.hits == 1 + 2 + 2
+    structured = [r for r in fake_gemini.requests if "Write one short note" not in str(r["body"])]
+    assert all("responseJsonSchema" in r["body"].get("generationConfig", {}) for r in structured)
+    assert fake_gemini.hits == 1 + 2 + 2 + 1  # seed, prequel (re-asked), 2 annotations, 1 memory condensed
+    (example,) = load_expert_data(tmp_path).train_trigger
+    assert [c.text for c in example.candidates] == ["The user has gone vegan."]
