@@ -10,6 +10,12 @@ before and after training, the online (training-time) curve per window of sessio
     python scripts/persona_world_learning.py                 # seed 0, the test's configuration
     python scripts/persona_world_learning.py --seeds 0 1 2   # what the test runs
     python scripts/persona_world_learning.py --lora_rank 8 --actor_lr 2e-3   # also train LoRA (slower)
+    # duplicate saves with and without stored memories in the Planner's observation (docs/fidelity.md)
+    python scripts/persona_world_learning.py --seeds 0 1 2 --restatements 4 --planner_memories 0
+    python scripts/persona_world_learning.py --seeds 0 1 2 --restatements 4 --planner_memories 2
+
+The offline judges read the world's labels: they are oracles, so these numbers show that the learner can learn
+from its rewards, not how well a real judge would teach it.
 """
 
 from __future__ import annotations
@@ -33,14 +39,23 @@ def main() -> None:
     parser.add_argument("--actor_lr", type=float, default=None, help="default: the test's (too high with LoRA)")
     parser.add_argument("--greedy_eval", action="store_true", help="evaluate argmax decisions instead")
     parser.add_argument("--window", type=int, default=60, help="sessions per point of the online curve")
+    parser.add_argument("--restatements", type=int, default=0,
+                        help="facts said again per episode (saving one again is a duplicate save)")
+    parser.add_argument("--planner_memories", type=int, default=None,
+                        help="stored memories shown to the Planner (default: the observation's, 0)")
     args = parser.parse_args()
 
     all_margins = []
     base = P.PersonaRunConfig()
     ppo = base.ppo if args.actor_lr is None else dataclasses.replace(base.ppo, actor_lr=args.actor_lr)
+    world = dataclasses.replace(base.world, restatements=args.restatements)
+    observation = base.observation if args.planner_memories is None else dataclasses.replace(
+        base.observation, planner_memories=args.planner_memories)
+    duplicates = []
     for seed in args.seeds:
         config = dataclasses.replace(
-            base, ppo=ppo, seed=seed, train_episodes=args.episodes, eval_episodes=args.eval_episodes,
+            base, ppo=ppo, seed=seed, world=world, observation=observation, train_episodes=args.episodes,
+            eval_episodes=args.eval_episodes,
             eval_every=args.eval_every, greedy_eval=args.greedy_eval,
             lora=LoraConfig(rank=args.lora_rank, alpha=2.0 * args.lora_rank) if args.lora_rank else None)
         print(f"=== seed {seed}: {args.episodes} training episodes, held-out curve "
@@ -63,11 +78,22 @@ def main() -> None:
         print(f"last update: trigger reward {last['rewards/trigger']:.3f}, planner reward "
               f"{last['rewards/planner']:.3f}, skipped steps {last['update/total_skipped_steps']:.0f}, "
               f"judge failures {last['judge/proxy_failures'] + last['judge/quality_failures']:.0f}")
+        b, a = result.before, result.after
+        online = P.online_windows(result.online_sessions, len(result.online_sessions))[0]
+        duplicates.append((b["eval/duplicate_saves"], a["eval/duplicate_saves"], online["online/duplicate_saves"],
+                           a["eval/duplicate_save_rate"]))
+        print(f"duplicate saves: held-out before {b['eval/duplicate_saves']:.0f} "
+              f"({b['eval/duplicate_save_rate']:.3f} of saves) -> after {a['eval/duplicate_saves']:.0f} "
+              f"({a['eval/duplicate_save_rate']:.3f}); online {online['online/duplicate_saves']:.0f} "
+              f"({online['online/duplicate_save_rate']:.3f})")
         m = P.margins(result)
         all_margins.append(m)
         print("margins (after - before): " + ", ".join(f"{k.split('/')[1]} {v:+.3f}" for k, v in m.items())
               + f"  [{result.seconds:.0f}s]")
     if len(args.seeds) > 1:
+        d = np.array(duplicates)
+        print(f"duplicate saves over seeds {args.seeds}: held-out after {d[:, 1].tolist()} (mean {d[:, 1].mean():.1f}, "
+              f"rate {d[:, 3].mean():.3f}), online {d[:, 2].tolist()} (mean {d[:, 2].mean():.1f})")
         for key in all_margins[0]:
             values = [m[key] for m in all_margins]
             print(f"{key.split('/')[1]}: min {min(values):+.3f} mean {np.mean(values):+.3f} over seeds {args.seeds}")

@@ -157,7 +157,12 @@ class MemoryAgent:
         (reply,) = generate_replies(self.generator, [ReplyInput(history, utterance, used.text if used else None, md)],
                                     temperature=cfg.reply_temperature, max_output_tokens=cfg.reply_max_tokens)
 
-        p_text = obs.planner_text(history, utterance, cfg.observation)
+        shown: list[str] = []
+        if cfg.observation.planner_memories:  # M_k before this turn's save, the most similar few
+            frags = self.store.fragments(user_id)
+            shown = [frags[i].text for i in obs.planner_memory_indices(
+                utterance, [f"{f.text} {f.source_text}" for f in frags], cfg.observation)]
+        p_text = obs.planner_text(history, utterance, cfg.observation, shown)
         p_tokens, p_mask = obs.encode_planner(self.tokenizer, [p_text], cfg.observation)
         save, pstats = planner_act(graphdef, state, p_tokens, p_mask, self._next_key(), greedy=cfg.greedy)
         planner = PlannerDecision(

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from icml_jax.memory.lexical import most_similar
 from icml_jax.models.sampler import bucket
 
 Dialogue = Sequence[tuple[str, str]]  # (speaker, text), oldest first
@@ -26,9 +27,12 @@ class ObservationConfig:
     max_candidates: int = 15  # memories scored per turn (15 + "none" = a 16-wide bucket); a lexical prefilter
     # picks them from the store when it holds more
     min_candidate_bucket: int = 2
+    planner_memories: int = 2  # stored memories shown to the Planner (Algorithm 1's o_k = (u_k, H_k, M_k)): the
+    # most similar few to the utterance (BM25, `memory.lexical.most_similar`), so it can see a duplicate coming;
+    # 0 = the utterance and dialogue only. 2 measured fewer duplicate saves on the persona world (docs/fidelity.md)
 
     def __post_init__(self) -> None:
-        if self.max_length < self.min_length_bucket or self.max_candidates < 1:
+        if self.max_length < self.min_length_bucket or self.max_candidates < 1 or self.planner_memories < 0:
             raise ValueError(f"invalid observation config {self}")
 
 
@@ -37,9 +41,20 @@ def _context(history: Dialogue, utterance: str, turns: int) -> str:
     return "\n".join(lines + [f"User: {utterance}"])
 
 
-def planner_text(history: Dialogue, utterance: str, config: ObservationConfig) -> str:
-    """The Planner's observation: recent dialogue, the user turn, and the question it answers."""
-    return _context(history, utterance, config.context_turns) + "\nSave this user turn to long-term memory?"
+def planner_text(history: Dialogue, utterance: str, config: ObservationConfig, memories: Sequence[str] = ()) -> str:
+    """The Planner's observation: up to `config.planner_memories` stored memories (given most similar first,
+    written most similar last, next to the utterance, so a sequence over the token budget loses the least
+    similar first), recent dialogue, the user turn, and the question it answers."""
+    shown = list(memories)[: config.planner_memories]
+    lines = [f"Memory: {m}" for m in reversed(shown)]
+    return "\n".join(lines + [_context(history, utterance, config.context_turns)]) + \
+        "\nSave this user turn to long-term memory?"
+
+
+def planner_memory_indices(utterance: str, memories: Sequence[str], config: ObservationConfig) -> list[int]:
+    """Which of `memories` (oldest first) the Planner sees: the `config.planner_memories` most similar to the
+    utterance (BM25 > 0), most similar first."""
+    return most_similar(utterance, memories, config.planner_memories)
 
 
 def trigger_texts(history: Dialogue, utterance: str, memories: Sequence[str], config: ObservationConfig) -> list[str]:

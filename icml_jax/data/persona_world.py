@@ -3,7 +3,8 @@
 Each episode plants facts of several kinds (diet, health, pets, family, job, plans, dislikes) in early
 sessions, mixes in chit-chat noise (weather, passing moods, deadlines), later asks things that need a
 specific earlier fact, and sometimes updates a fact (the new value overwrites the old; later queries need
-the new one). Labels are complete: every user turn has y_p (facts and updates are worth saving, nothing
+the new one). Optionally (``restatements``) the user says an already-known fact again, in the words of a first
+statement: saving it again would store a duplicate. Labels are complete: every user turn has y_p (facts and updates are worth saving, nothing
 else), y_t (a query needs the turn that last stated its fact before the query's session; other turns need
 none) and, for queries, ``gold_facts`` ("kind: value") a good reply must use, with the overwritten values
 in ``meta["stale_facts"]``. Assistant turns are reference replies (y_p False, y_t ()).
@@ -192,6 +193,9 @@ class PersonaWorldConfig:
       values_per_kind: vocabulary size: use only the first N values of each kind (0 = all).
       vocabulary: per-kind value lists replacing the built-in ones.
       noise_vocabulary: per-noise-kind utterance lists replacing the built-in ones.
+      restatements: facts said again, with their current value and a statement template, in a later session
+        (0 = none, the default). A restatement has y_p False (nothing new: saving it again stores a duplicate)
+        and ``meta["kind"] == "restate"``; queries keep needing the first statement (or the update).
       assistant_turns: add a reference assistant reply after every user turn.
       user_speaker / assistant_speaker: speaker labels.
     """
@@ -207,6 +211,7 @@ class PersonaWorldConfig:
     values_per_kind: int = 0
     vocabulary: Mapping[str, Sequence[str]] | None = None
     noise_vocabulary: Mapping[str, Sequence[str]] | None = None
+    restatements: int = 0
     assistant_turns: bool = True
     user_speaker: str = "user"
     assistant_speaker: str = "assistant"
@@ -215,6 +220,8 @@ class PersonaWorldConfig:
         """Rejects knob values that cannot make a labelled episode."""
         if self.num_sessions < 2:
             raise ValueError(f"num_sessions must be >= 2 (facts before queries), got {self.num_sessions}")
+        if not isinstance(self.restatements, int) or self.restatements < 0:
+            raise ValueError(f"restatements must be an int >= 0, got {self.restatements!r}")
         if not 0.0 <= self.noise_ratio < 1.0:
             raise ValueError(f"noise_ratio must be in [0, 1), got {self.noise_ratio}")
         unknown = set(self.fact_kinds) - set(TEMPLATES)
@@ -255,7 +262,7 @@ def default_config() -> ml_collections.ConfigDict:
 class _Item:
     """A planned user turn before it gets its place in the session."""
 
-    kind: str  # "fact" | "update" | "query" | "noise"
+    kind: str  # "fact" | "update" | "query" | "noise" | "restate"
     fact_kind: str = ""
     value: str = ""
     old: str = ""
@@ -302,6 +309,13 @@ def generate_episode(config: PersonaWorldConfig, index: int) -> Episode:
             order = [k for k in order if k in updated] + [k for k in order if k not in updated]
         for k in order[: config.queries_per_session]:
             plan[s].append(_Item("query", k))
+
+    if config.restatements:  # drawn only when asked for, so worlds without them keep their episodes
+        slots = [(k, s) for k in kinds for s in range(planted[k] + 1, S) if updated.get(k) != s]
+        for i in rng.permutation(len(slots))[: config.restatements]:
+            k, s = slots[int(i)]
+            current = new_value[k] if k in updated and updated[k] < s else value[k]
+            plan[s].append(_Item("restate", k, current))
 
     sessions: list[Session] = []
     stated_at: dict[str, list[tuple[TurnRef, str]]] = {k: [] for k in kinds}
@@ -354,6 +368,11 @@ def _render(
         user = Turn(u, text, y_p=False, y_t=(), meta={"kind": "noise", "noise_kind": item.fact_kind})
         return user, Turn(a, _pick(rng, NOISE_REPLIES), y_p=False, y_t=(), meta={"kind": "reply"})
     tpl = TEMPLATES[item.fact_kind]
+    if item.kind == "restate":  # an already-known fact, said again: nothing new to save
+        fact = _fact(item.fact_kind, item.value)
+        user = Turn(u, _pick(rng, tpl.statements).format(v=item.value), y_p=False, y_t=(),
+                    meta={"kind": "restate", "fact_kind": item.fact_kind, "fact": fact})
+        return user, Turn(a, _pick(rng, FACT_REPLIES), y_p=False, y_t=(), meta={"kind": "reply"})
     if item.kind in ("fact", "update"):
         if item.kind == "fact":
             text = _pick(rng, tpl.statements).format(v=item.value)

@@ -1,7 +1,7 @@
 """Per-user long-term memory: fragments with provenance in SQLite, lexical prefilter, saving via condensation."""
 
 from icml_jax.memory.fragment import Fragment, NewFragment, fragment_id_for
-from icml_jax.memory.lexical import bm25_scores, tokenize
+from icml_jax.memory.lexical import bm25_scores, most_similar, tokenize
 from icml_jax.memory.store import EXPORT_FORMAT, SCHEMA_VERSION, MemoryStore, MemoryStoreError
 from icml_jax.memory.writer import TurnToSave, save_turns
 
@@ -15,6 +15,7 @@ __all__ = [
     "TurnToSave",
     "bm25_scores",
     "fragment_id_for",
+    "most_similar",
     "save_turns",
     "tokenize",
 ]

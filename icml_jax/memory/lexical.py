@@ -1,4 +1,5 @@
-"""Cheap lexical relevance (BM25 over word tokens) used to cap the Trigger's candidate list."""
+"""Cheap lexical relevance (BM25 over word tokens): caps the Trigger's candidate list and picks the stored
+memories shown to the Planner."""
 
 from __future__ import annotations
 
@@ -41,3 +42,13 @@ def bm25_scores(query: str, documents: Sequence[str], *, k1: float = 1.2, b: flo
                 s += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / avg_len))
         scores.append(s)
     return scores
+
+
+def most_similar(query: str, documents: Sequence[str], k: int) -> list[int]:
+    """Indices of the (at most) `k` documents with the highest positive BM25 score for `query`, best first;
+    ties go to the later document (the newer memory). Documents sharing no word with the query are left out."""
+    if k <= 0 or not documents:
+        return []
+    scores = bm25_scores(query, documents)
+    ranked = sorted((i for i, s in enumerate(scores) if s > 0.0), key=lambda i: (-scores[i], -i))
+    return ranked[:k]

@@ -81,6 +81,7 @@ class SessionCounts:
     quality_n: int = 0
     proxy_sum: float = 0.0  # proxy value of the turns (the Planner's immediate reward signal)
     proxy_n: int = 0
+    duplicate_saves: int = 0  # saves of a fact (turn meta "fact") the agent had already saved in this episode
 
     def add(self, other: SessionCounts) -> None:
         """Accumulate another session's counts (pooling): every field but the session's identity."""
@@ -111,13 +112,18 @@ def pooled_metrics(counts: Iterable[SessionCounts], prefix: str = "labels") -> d
         f"{prefix}/needed_pairs": float(total.needed),
         f"{prefix}/reward_quality": ratio(total.quality_sum, total.quality_n),
         f"{prefix}/reward_proxy": ratio(total.proxy_sum, total.proxy_n),
+        f"{prefix}/duplicate_saves": float(total.duplicate_saves),
+        f"{prefix}/duplicate_save_rate": ratio(total.duplicate_saves, total.saves),
     }
 
 
 def session_counts(episode: Episode, receipts: Sequence[Receipt]) -> list[SessionCounts]:
-    """Per-session label counts of an episode's decisions (same definitions as `icml_jax.data.labels`)."""
+    """Per-session label counts of an episode's decisions (same definitions as `icml_jax.data.labels`); a save
+    of a turn stating a fact (`meta["fact"]`, the persona world) already saved earlier in the episode counts as
+    a duplicate save."""
     out = [SessionCounts(episode.episode_id, s) for s in range(len(episode.sessions))]
     by_ref = {(r.session, r.turn): r for r in receipts}
+    saved_facts: set[str] = set()
     for s, session in enumerate(episode.sessions):
         c = out[s]
         for t, turn in enumerate(session.turns):
@@ -129,6 +135,10 @@ def session_counts(episode: Episode, receipts: Sequence[Receipt]) -> list[Sessio
                 if receipt.planner.save:
                     c.saves += 1
                     c.correct_saves += bool(turn.y_p)
+                    fact = turn.meta.get("fact")
+                    if fact is not None:
+                        c.duplicate_saves += fact in saved_facts
+                        saved_facts.add(fact)
             for need in turn.y_t or ():
                 c.needed += 1
                 used = receipt.memory_used if receipt is not None else None

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from icml_jax.data.schema import Episode, TurnRef
+from icml_jax.memory.lexical import most_similar
 from icml_jax.synthesis.seeds import stable_hash
 
 Dialogue = tuple[tuple[str, str], ...]
@@ -80,7 +81,8 @@ class TriggerExample:
 
 @dataclasses.dataclass(frozen=True)
 class PlannerExample:
-    """One Planner decision: context, the user turn, y_p, its annotated gain and whether a later turn needs it."""
+    """One Planner decision: context, the user turn, y_p, its annotated gain, whether a later turn needs it, and
+    the expert's memories shown with it (most similar first; see `planner_examples`)."""
 
     episode_id: str
     ref: TurnRef
@@ -89,6 +91,7 @@ class PlannerExample:
     label: bool
     gain: float
     needed_later: bool
+    memories: tuple[str, ...] = ()
 
 
 def _user_turns(ep: Episode, user_speaker: str) -> list[TurnRef]:
@@ -100,18 +103,25 @@ def _history(ep: Episode, ref: TurnRef) -> Dialogue:
     return tuple((t.speaker, t.text) for t in ep.sessions[ref.session].turns[: ref.turn])
 
 
-def planner_examples(episodes: Sequence[Episode], user_speaker: str) -> list[PlannerExample]:
-    """Every labelled user turn of every episode, in order."""
+def planner_examples(episodes: Sequence[Episode], user_speaker: str, memories: int = 0) -> list[PlannerExample]:
+    """Every labelled user turn of every episode, in order. With `memories` > 0 each example carries the
+    memories the expert holds at that turn (its earlier y_p turns, as notes: `meta["memory"]` where the
+    synthesis condensed them, else the text), the `memories` most similar to the utterance, most similar first,
+    picked as the online agent picks them (BM25 over note and turn text, `memory.lexical.most_similar`)."""
     out = []
     for ep in episodes:
         needed = {r for s in ep.sessions for t in s.turns for r in (t.y_t or ())}
+        held: list[tuple[str, str]] = []  # (note, turn text) of the expert's saves so far
         for ref in _user_turns(ep, user_speaker):
             turn = ep.turn(ref)
             if turn.y_p is None:
                 continue
             gain = float(turn.meta.get("gain", 1.0 if turn.y_p else 0.0))
+            shown = tuple(held[i][0] for i in most_similar(turn.text, [f"{n} {t}" for n, t in held], memories))
             out.append(PlannerExample(ep.episode_id, ref, _history(ep, ref), turn.text, bool(turn.y_p), gain,
-                                      ref in needed))
+                                      ref in needed, shown))
+            if turn.y_p:
+                held.append((str(turn.meta.get("memory", turn.text)), turn.text))
     return out
 
 

@@ -172,7 +172,7 @@ def expert_returns(episodes: Sequence[Episode], user_speaker: str, config: Warmu
 def encode_planner_examples(tokenizer, examples: Sequence[PlannerExample], returns: Returns,
                             config: WarmupConfig) -> Batch:
     """tokens/mask [N, L] (one bucket), label [N] and value target [N]."""
-    texts = [obs.planner_text(e.history, e.utterance, config.observation) for e in examples]
+    texts = [obs.planner_text(e.history, e.utterance, config.observation, e.memories) for e in examples]
     tokens, mask = obs.encode_planner(tokenizer, texts, config.observation)
     return {"tokens": tokens, "mask": mask, "label": np.array([e.label for e in examples], np.float32),
             "value_target": np.array([returns[(e.episode_id, e.ref)] for e in examples], np.float32)}
@@ -208,8 +208,9 @@ class EncodedData:
 
 def encode_data(tokenizer, data: ExpertData, config: WarmupConfig) -> EncodedData:
     """Encodes train and held-out together (same buckets, so training and scoring compile once per agent)."""
-    p_train = planner_examples(data.train_episodes, data.user_speaker)
-    p_held = planner_examples(data.heldout_episodes, data.user_speaker)
+    k = config.observation.planner_memories  # the expert's memories in the Planner's observation, as online
+    p_train = planner_examples(data.train_episodes, data.user_speaker, memories=k)
+    p_held = planner_examples(data.heldout_episodes, data.user_speaker, memories=k)
     t_train, t_held = list(data.train_trigger), list(data.heldout_trigger)
     if not p_train or not t_train:
         raise ValueError(f"warm-up needs planner and trigger training examples, got {len(p_train)} and "

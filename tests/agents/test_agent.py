@@ -85,3 +85,32 @@ def test_turn_with_gemini_through_loopback(policies, tokenizer, fake_gemini, gem
     assert fake_gemini.hits == 3 + n_saves  # one reply per turn, one condensation per save
     if n_saves:
         assert store.fragments("alice")[0].text == "Sounds lovely!"  # the condensed note came from Gemini
+
+
+def test_planner_sees_the_most_similar_stored_memories_within_its_budget(policies, tokenizer):
+    """o_k = (u_k, H_k, M_k): with planner_memories=2 the Planner's tokens hold the two stored memories closest
+    to the utterance (BM25), most similar next to it; none that shares no word; 2 by default."""
+    from icml_jax.agents import observation as obs
+    from icml_jax.memory import NewFragment
+
+    assert ObservationConfig().planner_memories == 2
+    store = MemoryStore()
+    texts = ["i like my dog a lot", "my dog is called rex", "the weather is nice", "i like my dog"]
+    store.append_many("alice", [NewFragment("e0", 0, i, t, t, "0") for i, t in enumerate(texts)])
+    view = ObservationConfig(max_length=64, min_length_bucket=16, max_candidates=3, planner_memories=2)
+    agent = MemoryAgent(policies, tokenizer, store, OfflineBackend(), config=AgentConfig(observation=view,
+                                                                                         reply_max_tokens=8))
+    _, receipt = agent.step("alice", "my dog rex is ill", history=(), episode_id="e1", session=0, turn=0)
+    chosen = obs.planner_memory_indices("my dog rex is ill", texts, view)
+    assert [texts[i] for i in chosen] == ["my dog is called rex", "i like my dog"]
+    text = obs.planner_text((), "my dog rex is ill", view, [texts[i] for i in chosen])
+    assert text.index("i like my dog") < text.index("my dog is called rex") < text.index("User: my dog")
+    tokens, mask = obs.encode_planner(tokenizer, [text], view)
+    np.testing.assert_array_equal(receipt.planner.tokens, tokens[0])
+    off = ObservationConfig(planner_memories=0)
+    assert obs.planner_text((), "hello", off, texts) == obs.planner_text((), "hello", off)
+    # over the token budget the sequence keeps its end: the least similar memory goes first
+    tight = ObservationConfig(max_length=16, min_length_bucket=16, planner_memories=2)
+    ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+    kept = obs.encode_planner(tokenizer, [text], tight)[0][0]
+    assert len(ids) > 16 and list(kept[1:]) == ids[len(ids) - 15:]

@@ -164,3 +164,31 @@ def test_source_is_grain_ready() -> None:
     assert pickle.loads(pickle.dumps(src))[3] == src[3]
     with pytest.raises(IndexError):
         src[5]
+
+
+def test_restatements_say_a_known_fact_again_with_its_current_value():
+    """restatements > 0: later turns state an already-known fact again (y_p False, nothing new); queries keep
+    needing the first statement or the update; worlds without restatements have no such turn."""
+    base = PersonaWorldConfig(seed=4, restatements=0)
+    assert not [t for e in generate_episodes(base, 20) for s in e.sessions for t in s.turns
+                if t.meta.get("kind") == "restate"]
+    with pytest.raises(ValueError, match="restatements"):
+        PersonaWorldConfig(restatements=-1)
+    world = dataclasses.replace(base, restatements=2)
+    found = 0
+    for ep in generate_episodes(world, 20):
+        current: dict[str, str] = {}
+        for s, session in enumerate(ep.sessions):
+            for t, turn in enumerate(session.turns):
+                kind = turn.meta.get("kind")
+                if kind == "restate":
+                    found += 1
+                    fact_kind, value = turn.meta["fact"].split(": ", 1)
+                    assert turn.y_p is False and turn.y_t == () and current[fact_kind] == value
+                    assert value in turn.text
+                for need in turn.y_t or ():
+                    assert ep.turn(need).meta["kind"] in ("fact", "update")
+            for turn in session.turns:  # values become current after their session
+                if turn.meta.get("kind") in ("fact", "update"):
+                    current[turn.meta["fact_kind"]] = turn.meta["fact"].split(": ", 1)[1]
+    assert found >= 20

@@ -254,3 +254,14 @@ def test_save_turns_condenses_and_appends(store):
     (fb,) = save_turns(store, _Blank(), "bob", [TurnToSave("ep", 0, 0, "I am a chef.")], policy_version="p")
     assert fb.text == "I am a chef." and fb.extra == {"condense_fallback": True}
     assert save_turns(store, OfflineBackend(), "bob", [], policy_version="p") == []
+
+
+def test_most_similar_ranks_by_bm25_newest_first_on_ties_and_skips_unrelated():
+    from icml_jax.memory import bm25_scores, most_similar
+
+    docs = ["I adopted a dog", "It rains today", "I adopted a dog", "My dog Rex likes walks", "Work was long"]
+    scores = bm25_scores("my dog Rex", docs)
+    assert most_similar("my dog Rex", docs, 3) == [3, 2, 0]  # Rex first; equal scores: the newer copy first
+    assert scores[0] == scores[2] > 0 and scores[1] == scores[4] == 0
+    assert most_similar("my dog Rex", docs, 10) == [3, 2, 0]  # unrelated memories are never shown
+    assert most_similar("my dog Rex", docs, 0) == [] and most_similar("anything", [], 2) == []

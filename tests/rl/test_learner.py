@@ -21,7 +21,8 @@ from icml_jax.llm.judges import ProxyJudge, QualityJudge
 from icml_jax.llm.offline import OfflineBackend
 from icml_jax.llm.types import TASK_PROXY_JUDGE, TASK_QUALITY_JUDGE, LLMResponse
 from icml_jax.memory.store import MemoryStore
-from icml_jax.rl import LearnerConfig, OnlineLearner, PPOConfig, RewardConfig, session_counts, ppo_step
+from icml_jax.rl import (LearnerConfig, OnlineLearner, PPOConfig, RewardConfig, pooled_metrics, ppo_step,
+                          session_counts)
 from icml_jax.rl.persona_run import PersonaRunConfig, build_learner, learning_observation, learning_world
 from tests.rl.conftest import randomize_trainable
 
@@ -246,3 +247,22 @@ def test_the_planner_trains_on_rewards_normalised_to_0_1_unless_told_otherwise(t
     assert returns.mean() == pytest.approx(want, abs=1e-5)
     if normalize:
         assert returns.min() >= 0.0 and returns.max() <= 1.0
+
+
+def test_saving_an_already_saved_fact_counts_as_a_duplicate():
+    from types import SimpleNamespace
+
+    def turn(text, fact=None, y_p=False):
+        return Turn("user", text, y_p=y_p, y_t=(), meta={"fact": fact} if fact else {})
+
+    ep = Episode("pw", "d", (Session((turn("I am vegan.", "diet: vegan", True), turn("Hi.", None))),
+                             Session((turn("I only eat vegan food.", "diet: vegan"), turn("I am a nurse.", "job: nurse",
+                                                                                          True))),
+                             Session((turn("Vegan, as you know.", "diet: vegan"),))))
+    saves = {(0, 0): True, (0, 1): True, (1, 0): True, (1, 1): True, (2, 0): False}
+    receipts = [SimpleNamespace(session=s, turn=t, planner=SimpleNamespace(save=v), memory_used=None)
+                for (s, t), v in saves.items()]
+    counts = session_counts(ep, receipts)
+    assert [c.duplicate_saves for c in counts] == [0, 1, 0]
+    pooled = pooled_metrics(counts, "m")
+    assert pooled["m/duplicate_saves"] == 1.0 and pooled["m/duplicate_save_rate"] == pytest.approx(1 / 4)

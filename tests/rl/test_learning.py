@@ -5,7 +5,10 @@ the `before` / `after` checked here). Held-out episodes, fresh memory each, deci
 fixed seed. Margins measured when this test was written (after - before, seeds 0/1/2): planner precision
 +0.290 / +0.485 / +0.363, trigger recall +0.495 / +0.358 / +0.515, planner recall +0.275 / +0.275 / +0.425;
 seeds 3-7 gave precision +0.285..+0.425 and trigger recall +0.390..+0.648. The thresholds below are about
-half of the smallest margin seen.
+half of the smallest margin seen. Re-measured with the ratio anchored on the behaviour policy, Planner rewards
+on [0, 1] and two stored memories in the Planner's observation (docs/fidelity.md): precision +0.253 / +0.358 /
++0.305, trigger recall +0.453 / +0.333 / +0.574, planner recall +0.225 / +0.350 / +0.400. The offline judge
+reads the world's labels (an oracle).
 """
 
 from __future__ import annotations

@@ -82,3 +82,25 @@ def test_negatives_that_condense_onto_the_positive_note_are_dropped(tmp_path):
     assert with_positive and manifest["memories"]["train"]["negatives_dropped_as_duplicates"] > 0
     for ex in with_positive:  # every note is the same: only the positive can stay
         assert len(ex.candidates) == 1 and ex.target == 1 and ex.candidates[0].source == "positive"
+
+
+def test_warmup_planner_examples_show_the_experts_earlier_notes_most_similar_first():
+    """memories=k: each Planner example holds the expert's saves before it (as notes), the k most similar."""
+    from icml_jax.data.schema import Episode, Session, Turn
+    from icml_jax.synthesis import planner_examples
+
+    def user(text, y_p, note=None):
+        return Turn("user", text, y_p=y_p, y_t=(), meta={"memory": note} if note else {})
+
+    ep = Episode("synthesis", "e", (
+        Session((user("I adopted a dog named Rex.", True, "The user has a dog, Rex."), user("Nice day.", False),
+                 user("I am vegan.", True, "The user is vegan."))),
+        Session((user("Rex, my dog, is ill.", True), user("My dog Rex again.", False))),
+    ))
+    plain = planner_examples([ep], "user")
+    assert all(e.memories == () for e in plain)
+    shown = {e.utterance: e.memories for e in planner_examples([ep], "user", memories=1)}
+    assert shown["I adopted a dog named Rex."] == ()  # nothing saved before the first turn
+    assert shown["Nice day."] == ()  # no stored memory shares a word with it
+    assert shown["Rex, my dog, is ill."] == ("The user has a dog, Rex.",)  # the note, not the turn text
+    assert shown["My dog Rex again."] == ("Rex, my dog, is ill.",)  # uncondensed saves show their text
