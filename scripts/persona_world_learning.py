@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--restatements", type=int, default=0,
                         help="facts said again per episode (saving one again is a duplicate save)")
     parser.add_argument("--planner_memories", type=int, default=None,
-                        help="stored memories shown to the Planner (default: the observation's, 0)")
+                        help="stored memories shown to the Planner (default: the observation's, 2)")
     args = parser.parse_args()
 
     all_margins = []
