@@ -130,9 +130,11 @@ class _Meta:
         self.meta, self.arch, self.path = meta, arch, path
 
     def get(self, key: str, default: Any = None) -> Any:
+        """`<arch>.<key>` or `default`."""
         return self.meta.get(f"{self.arch}.{key}", default)
 
     def need(self, key: str) -> Any:
+        """`<arch>.<key>`, which the file must have."""
         full = f"{self.arch}.{key}"
         if full not in self.meta:
             raise GGUFError(f"{self.path}: metadata key {full!r} is missing")

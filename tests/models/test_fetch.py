@@ -43,6 +43,7 @@ def tiny_source(tmp_path, monkeypatch):
 
 
 def no_download(requirements, dest):
+    """A download that must not happen (everything was given with --from, or the cache is valid)."""
     raise AssertionError(f"unexpected download of {requirements}")
 
 

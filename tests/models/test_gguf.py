@@ -173,6 +173,7 @@ def test_llama3_rope_recovered_from_factors(head_dim, hi, orig):
 
 
 def gemma_meta(**extra):
+    """Gemma3 GGUF metadata of a 12-layer model without a layer-pattern key, plus `extra`."""
     meta = {"general.architecture": "gemma3", "gemma3.embedding_length": 64, "gemma3.block_count": 12,
             "gemma3.feed_forward_length": 96, "gemma3.attention.head_count": 4, "gemma3.attention.head_count_kv": 1,
             "gemma3.attention.key_length": 16, "gemma3.attention.layer_norm_rms_epsilon": 1e-6,
@@ -181,6 +182,8 @@ def gemma_meta(**extra):
 
 
 class _Shape:
+    """Stands in for a GGUF tensor where only its (GGUF-ordered) shape is read."""
+
     def __init__(self, *shape):
         self.shape = np.array(shape)
 
