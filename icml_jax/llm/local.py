@@ -13,15 +13,21 @@ from icml_jax.llm.types import LLMRequest, LLMResponse, TokenUsage, UsageMeter
 class LocalBackend:
     """Answers requests with `icml_jax.models.generate`; prompts go through the tokenizer's chat template.
 
-    Requests are batched by (max_output_tokens, temperature) so one call compiles one program per bucket.
-    JSON-schema requests get the schema appended to the prompt and their answer parsed leniently.
+    Requests are batched by (max_output_tokens, temperature), in chunks of at most `max_batch` rows padded to a
+    power of two, so memory stays bounded (a thousand condensation requests do not become one batch-1000 KV
+    cache) and a run compiles one program per (batch, length) bucket. JSON-schema requests get the schema
+    appended to the prompt and their answer parsed leniently.
     """
 
     name = "local"
 
-    def __init__(self, model, tokenizer, *, seed: int = 0, top_p: float = 1.0, top_k: int = 0) -> None:
+    def __init__(self, model, tokenizer, *, seed: int = 0, top_p: float = 1.0, top_k: int = 0,
+                 max_batch: int = 16) -> None:
+        if max_batch < 1:
+            raise ValueError(f"local back end: max_batch must be >= 1, got {max_batch}")
         self.model, self.tokenizer = model, tokenizer
         self._seed, self._top_p, self._top_k = seed, top_p, top_k
+        self._max_batch = max_batch
         self._meter = UsageMeter()
         self._calls = 0
 
@@ -47,13 +53,16 @@ class LocalBackend:
         for i, r in enumerate(requests):
             groups.setdefault((r.max_output_tokens, r.temperature), []).append(i)
         templated = bool(getattr(self.tokenizer, "chat_template", None))
-        for (max_tokens, temperature), idx in groups.items():
+        chunks = [(key, idx[i:i + self._max_batch]) for key, idx in groups.items()
+                  for i in range(0, len(idx), self._max_batch)]
+        for (max_tokens, temperature), idx in chunks:
             prompts = [self._render(requests[i]) for i in idx]
+            padded = prompts + [prompts[-1]] * (_pow2(len(prompts)) - len(prompts))  # extra rows are dropped
             start = time.perf_counter()
             self._calls += 1
-            texts = generate(self.model, self.tokenizer, prompts, max_new_tokens=max_tokens,
+            texts = generate(self.model, self.tokenizer, padded, max_new_tokens=max_tokens,
                              temperature=temperature, top_k=self._top_k, top_p=self._top_p,
-                             seed=self._seed + self._calls, add_special_tokens=not templated)
+                             seed=self._seed + self._calls, add_special_tokens=not templated)[: len(prompts)]
             latency = (time.perf_counter() - start) / len(idx)
             for i, prompt, text in zip(idx, prompts, texts):
                 n_in = len(self.tokenizer(prompt, add_special_tokens=not templated)["input_ids"])
@@ -71,13 +80,19 @@ class LocalBackend:
         """Nothing to release: the model lives as long as its owner keeps it."""
 
 
+def _pow2(n: int) -> int:
+    """The smallest power of two >= n: the batch buckets of one generate call."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 def _local(values: Mapping[str, Any]) -> LocalBackend:
-    """`{'kind': 'local', 'model_dir': ..., 'tokenizer_dir': ... (default model_dir), 'dtype': 'bfloat16'}`."""
+    """`{'kind': 'local', 'model_dir': ..., 'tokenizer_dir': ... (default model_dir), 'dtype': 'bfloat16',
+    'max_batch': 16}`."""
     import jax.numpy as jnp
 
     from icml_jax.models import from_pretrained, load_tokenizer
 
-    known = {"kind", "model_dir", "tokenizer_dir", "dtype", "seed", "top_p", "top_k"}
+    known = {"kind", "model_dir", "tokenizer_dir", "dtype", "seed", "top_p", "top_k", "max_batch"}
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"local back end: unknown config key(s) {unknown}; known: {sorted(known)}")
@@ -86,7 +101,7 @@ def _local(values: Mapping[str, Any]) -> LocalBackend:
     model = from_pretrained(values["model_dir"], dtype=jnp.dtype(values.get("dtype", "bfloat16")))
     tokenizer = load_tokenizer(values.get("tokenizer_dir") or values["model_dir"])
     return LocalBackend(model, tokenizer, seed=int(values.get("seed", 0)), top_p=float(values.get("top_p", 1.0)),
-                        top_k=int(values.get("top_k", 0)))
+                        top_k=int(values.get("top_k", 0)), max_batch=int(values.get("max_batch", 16)))
 
 
 register_backend("local", _local)

@@ -37,6 +37,31 @@ def test_requests_answered_in_order_with_usage(model_dir):
     assert usage.calls == 3 and usage.prompt_tokens == sum(a.prompt_tokens for a in answers) > 0
 
 
+def test_large_request_lists_run_in_bounded_power_of_two_batches(model_dir, monkeypatch):
+    """5 requests with max_batch 2: chunks of 2, 2 and 1 rows; each answer is the one its prompt gets alone."""
+    from icml_jax.models import sampler
+
+    backend = make_backend({"kind": "local", "model_dir": str(model_dir), "dtype": "float32", "max_batch": 2})
+    texts = ["hello how are you", "i like my dog", "what do you eat", "my dog is big", "how are you"]
+    batches = []
+    real = sampler.generate
+    monkeypatch.setattr(sampler, "generate", lambda m, t, prompts, **kw: batches.append(len(prompts))
+                        or real(m, t, prompts, **kw))
+    answers = backend.generate([LLMRequest(t, max_output_tokens=4) for t in texts])
+    assert batches == [2, 2, 1] and len(answers) == 5
+    tok, model = load_tokenizer(model_dir), from_pretrained(model_dir)
+    for text, answer in zip(texts, answers):
+        prompt = backend._render(LLMRequest(text, max_output_tokens=4))
+        assert answer.text == real(model, tok, [prompt], max_new_tokens=4, add_special_tokens=False)[0]
+    # 3 requests under max_batch 4: one call padded to 4 rows, the padding's answers dropped
+    batches.clear()
+    four = make_backend({"kind": "local", "model_dir": str(model_dir), "dtype": "float32", "max_batch": 4})
+    assert [a.text for a in four.generate([LLMRequest(t, max_output_tokens=4) for t in texts[:3]])] == \
+        [a.text for a in answers[:3]] and batches == [4]
+    with pytest.raises(ValueError, match="max_batch must be >= 1"):
+        make_backend({"kind": "local", "model_dir": str(model_dir), "max_batch": 0})
+
+
 def test_json_requests_record_parse_errors_not_crash(model_dir):
     backend = make_backend({"kind": "local", "model_dir": str(model_dir), "dtype": "float32"})
     (answer,) = backend.generate([LLMRequest("rate this", json_schema={"type": "object"}, max_output_tokens=3)])
