@@ -33,6 +33,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("kv_heads", "tensor"),
     ("head_dim", None),
     ("mlp", "tensor"),
+    ("layers", None),  # the leading axis of stacked block parameters: every device holds all layers of its shard
 )
 
 

@@ -15,12 +15,18 @@ LR = 0.1
 
 
 def randomize_adapters(model: nnx.Module, seed: int = 0, scale: float = 0.3) -> None:
-    """Gives every adapter (B included) non-zero values, deterministic in `seed` and the parameter path."""
+    """Gives every adapter (B included) non-zero values, deterministic in `seed` and the parameter path.
+
+    Adapters are stacked over layers; values are drawn layer by layer, adapter by adapter (the order a per-layer
+    model's state has), so a model gets the same adapters however its layers are stored."""
     rng = np.random.RandomState(seed)
-    for path, var in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam)):
-        current = var.get_raw_value()
-        value = (scale * rng.standard_normal(current.shape)).astype(current.dtype)
-        var.set_value(parallel.place(value, current.sharding))
+    variables = [var for _, var in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam))]
+    values = [np.zeros(var.get_raw_value().shape, var.get_raw_value().dtype) for var in variables]
+    for layer in range(values[0].shape[0] if values else 0):
+        for value in values:
+            value[layer] = scale * rng.standard_normal(value.shape[1:])
+    for var, value in zip(variables, values):
+        var.set_value(parallel.place(value, var.get_raw_value().sharding))
 
 
 def token_batch(batch: int = 4, length: int = 12, vocab: int = 97, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -55,7 +55,7 @@ def main() -> None:
     rows = slice(2 * PROCESS_ID, 2 * PROCESS_ID + 2)  # data loading shards by process index
     tokens = parallel.global_batch((ids[rows], mask[rows]), mesh)
     sharded = from_pretrained(CHECKPOINT, mesh=mesh)
-    spans = {d.process_index for d in sharded.layers[0].attn.q[...].sharding.device_set}
+    spans = {d.process_index for d in sharded.layers.attn.q[...].sharding.device_set}
     result = run(sharded, tokens)
     save_adapters(result.pop("_model"), os.path.join(OUT, "adapters"))  # collective gather, process 0 writes
 

@@ -60,13 +60,18 @@ def sharding_report(model, mesh) -> dict:
 
 
 def lora_axes_report(model) -> list[str]:
-    """Adapters whose axes do not follow their base weight (A: input axes + rank; B: rank + output axes)."""
+    """Adapters whose axes do not follow their base weight (A: input axes + rank; B: rank + output axes; both
+    behind the stacked weight's leading `layers` axis)."""
     params = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
     bad = []
     for path, ad in lora.adapters_by_weight(model).items():
-        axes = tuple(params[path].get_metadata()["logical_axes"])
+        layers, *axes = tuple(params[path].get_metadata()["logical_axes"])
         a_axes, b_axes = ad["a"].get_metadata()["logical_axes"], ad["b"].get_metadata()["logical_axes"]
-        if a_axes[-1] is not None or b_axes[0] is not None or tuple(a_axes[:-1]) + tuple(b_axes[1:]) != axes:
+        if (layers, a_axes[0], b_axes[0]) != ("layers",) * 3:
+            bad.append(f"{path}: not stacked over layers: {a_axes} {b_axes}")
+            continue
+        a_axes, b_axes = a_axes[1:], b_axes[1:]
+        if a_axes[-1] is not None or b_axes[0] is not None or tuple(a_axes[:-1]) + tuple(b_axes[1:]) != tuple(axes):
             bad.append(f"{path}: {a_axes} {b_axes} vs {axes}")
     return bad
 
@@ -85,7 +90,7 @@ def main(directory: str) -> None:
     out["transfers"] = {"count": len(pieces), "max_fraction": max(size / math.prod(shape) for shape, size in pieces),
                         "full_copies": sum(size == math.prod(shape) for shape, size in pieces)}
     out["params"] = sharding_report(sharded, mesh)
-    layer = sharded.layers[0]
+    layer = sharded.layers  # the stacked block
     out["specs"] = {name: str(tuple(v[...].sharding.spec)) for name, v in (
         ("embedding", sharded.embedding), ("lm_head", sharded.lm_head), ("q", layer.attn.q), ("k", layer.attn.k),
         ("o", layer.attn.o), ("gate", layer.mlp.gate), ("down", layer.mlp.down), ("norm", layer.input_norm.scale))}

@@ -91,9 +91,10 @@ def test_every_parameter_names_its_axes_from_the_known_set():
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         axes = var.get_metadata()["logical_axes"]
         assert len(axes) == len(var.shape) and set(axes) <= known, (path, axes)
-    mlp = model.layers[0].mlp
-    assert mlp.gate.get_metadata()["logical_axes"] == ("embed", "mlp")
-    assert mlp.down.get_metadata()["logical_axes"] == ("mlp", "embed")
+    mlp = model.layers.mlp  # block parameters are stacked over layers (replicated by the rules)
+    assert mlp.gate.get_metadata()["logical_axes"] == ("layers", "embed", "mlp")
+    assert mlp.down.get_metadata()["logical_axes"] == ("layers", "mlp", "embed")
+    assert mlp.gate.shape[0] == 26 and parallel.logical_to_spec(("layers", "embed")) == P(None, "fsdp")
 
 
 @pytest.fixture
@@ -175,16 +176,16 @@ def test_mesh_from_config_on_eight_devices(eight_devices):
 def test_parameters_are_sharded_as_the_rules_say(eight_devices):
     params = eight_devices["params"]
     assert params["wrong"] == [] and params["per_device_ok"]
-    assert params["split"] == 30  # every parameter of this model has an axis that the (2, 2, 2) mesh splits
+    assert params["split"] == 12  # every parameter (9 stacked per block) has an axis the (2, 2, 2) mesh splits
     assert eight_devices["specs"] == {
-        "embedding": "('tensor', 'fsdp')", "lm_head": "('fsdp', 'tensor')", "q": "('fsdp', 'tensor', None)",
-        "k": "('fsdp', 'tensor', None)", "o": "('tensor', None, 'fsdp')", "gate": "('fsdp', 'tensor')",
-        "down": "('tensor', 'fsdp')", "norm": "('fsdp',)"}
+        "embedding": "('tensor', 'fsdp')", "lm_head": "('fsdp', 'tensor')", "q": "(None, 'fsdp', 'tensor', None)",
+        "k": "(None, 'fsdp', 'tensor', None)", "o": "(None, 'tensor', None, 'fsdp')",
+        "gate": "(None, 'fsdp', 'tensor')", "down": "(None, 'tensor', 'fsdp')", "norm": "(None, 'fsdp')"}
 
 
 def test_loading_sends_each_device_only_its_shard(eight_devices):
     t = eight_devices["transfers"]
-    assert t["count"] == 30 * 8 and t["full_copies"] == 0 and t["max_fraction"] <= 0.5
+    assert t["count"] == 12 * 8 and t["full_copies"] == 0 and t["max_fraction"] <= 0.5
 
 
 def test_sharded_logits_equal_single_device(eight_devices):
@@ -194,7 +195,7 @@ def test_sharded_logits_equal_single_device(eight_devices):
 
 def test_adapters_follow_their_base_weights_on_the_mesh(eight_devices):
     assert eight_devices["lora_axes_bad"] == []
-    assert eight_devices["lora_params"]["wrong"] == [] and eight_devices["lora_params"]["split"] == 42
+    assert eight_devices["lora_params"]["wrong"] == [] and eight_devices["lora_params"]["split"] == 14
 
 
 def test_sharded_lora_step_equals_single_device(eight_devices):

@@ -1,8 +1,11 @@
 """One Flax NNX decoder for Llama-3.x, Qwen2, Qwen3 and Gemma3; family differences are switches in ModelConfig.
 
 Parameters keep heads explicit (`q` kernel is [embed, heads, head_dim]) and carry logical axis names in their
-`logical_axes` metadata so a rules table can place them on a mesh. The KV cache is a pytree passed in and returned,
-never module state, so jitted samplers can donate it.
+`logical_axes` metadata so a rules table can place them on a mesh. The transformer blocks are stored stacked (one
+`Block` whose parameters have a leading `layers` axis, as in MaxText and tunix) and run under one `lax.scan`, so
+XLA compiles one block whatever the depth; per-layer differences (Gemma3's sliding/global pattern: mask and rope
+base) are a flag scanned alongside the parameters. The KV cache is a pytree passed in and returned, never module
+state, so jitted samplers can donate it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ Array = jax.Array
 # Logical axis names; the rules table in icml_jax.parallel maps them to mesh axes. (The feed-forward axis is
 # MLP_AXIS: a constant named MLP would be shadowed by the MLP class below.)
 EMBED, VOCAB, HEADS, KV_HEADS, HEAD_DIM, MLP_AXIS = "embed", "vocab", "heads", "kv_heads", "head_dim", "mlp"
+LAYERS = "layers"  # the leading axis of every stacked block parameter (replicated by the default rules)
 
 
 def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], dtype, scale: float) -> nnx.Param:
@@ -47,21 +51,21 @@ class RMSNorm(nnx.Module):
 
 
 class KVCache(NamedTuple):
-    """Per-layer keys/values [batch, slots, kv_heads, head_dim], which slots hold real tokens, next slot."""
+    """Keys/values of all layers [layers, batch, slots, kv_heads, head_dim], which slots hold real tokens, and the
+    next slot."""
 
-    k: tuple[Array, ...]
-    v: tuple[Array, ...]
+    k: Array
+    v: Array
     valid: Array  # [batch, slots] bool
     index: Array  # [] int32: the slot the next token is written to
 
 
 def init_cache(config: ModelConfig, batch: int, slots: int, dtype=jnp.float32) -> KVCache:
     """An empty cache with room for `slots` tokens per row."""
-    shape = (batch, slots, config.num_kv_heads, config.head_dim)
-    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+    shape = (config.num_layers, batch, slots, config.num_kv_heads, config.head_dim)
     return KVCache(
-        k=zeros,
-        v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+        k=jnp.zeros(shape, dtype),
+        v=jnp.zeros(shape, dtype),
         valid=jnp.zeros((batch, slots), bool),
         index=jnp.zeros((), jnp.int32),
     )
@@ -90,9 +94,9 @@ def _softcap(x: Array, cap: float | None) -> Array:
 class Attention(nnx.Module):
     """Grouped-query attention with optional q/k norm, sliding window and logit soft-capping."""
 
-    def __init__(self, config: ModelConfig, layer: int, dtype, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
         c = config
-        self.config, self.layer = c, layer
+        self.config = c
         s = c.hidden_size**-0.5
         self.q = _param(rngs, (c.hidden_size, c.num_heads, c.head_dim), (EMBED, HEADS, HEAD_DIM), dtype, s)
         self.k = _param(rngs, (c.hidden_size, c.num_kv_heads, c.head_dim), (EMBED, KV_HEADS, HEAD_DIM), dtype, s)
@@ -110,9 +114,12 @@ class Attention(nnx.Module):
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, c.norm_plus_one, dtype, HEAD_DIM)
 
     def __call__(
-        self, x: Array, positions: Array, mask: Array, cache_kv: tuple[Array, Array] | None, index: Array | None
-    ) -> tuple[Array, tuple[Array, Array] | None]:
-        """x [B, T, E]; mask [B, T, S] bool over key slots; returns output and the updated layer cache."""
+        self, x: Array, rope: tuple[Array, Array], mask: Array, cache_kv: tuple[Array, Array] | None,
+        index: Array | None,
+    ) -> tuple[Array, tuple[Array, Array]]:
+        """x [B, T, E]; rope = (cos, sin) [B, T, head_dim]; mask [B, T, S] bool over key slots (S = T without a
+        cache); with a cache (this layer's keys/values [B, S, kv_heads, head_dim]) the new keys/values are
+        written at slot `index`. Returns the output and this call's keys/values [B, T, kv_heads, head_dim]."""
         c = self.config
         q = jnp.einsum("bte,ehd->bthd", x, self.q[...])
         k = jnp.einsum("bte,ehd->bthd", x, self.k[...])
@@ -121,13 +128,14 @@ class Attention(nnx.Module):
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = rope_tables(c.rope_for(self.layer), c.head_dim, positions)
+        cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        new_kv = (k, v)
         if cache_kv is not None:
             ck, cv = cache_kv
-            k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
-            v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
-            cache_kv = (k, v)
+            new_kv = (k.astype(ck.dtype), v.astype(cv.dtype))
+            k = jax.lax.dynamic_update_slice(ck, new_kv[0], (0, index, 0, 0))
+            v = jax.lax.dynamic_update_slice(cv, new_kv[1], (0, index, 0, 0))
         b, t, _, d = q.shape
         groups = c.num_heads // c.num_kv_heads
         q = q.reshape(b, t, c.num_kv_heads, groups, d)
@@ -139,7 +147,7 @@ class Attention(nnx.Module):
         out = jnp.einsum("bthd,hde->bte", out, self.o[...])
         if c.o_bias:
             out = out + self.o_bias[...]
-        return out, cache_kv
+        return out, new_kv
 
 
 class MLP(nnx.Module):
@@ -165,27 +173,43 @@ class MLP(nnx.Module):
 class Block(nnx.Module):
     """Pre-norm transformer block; Gemma adds post-attention and post-MLP norms (four in all)."""
 
-    def __init__(self, config: ModelConfig, layer: int, dtype, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
         c = config
         self.sandwich = c.sandwich_norm
         norm = lambda: RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_plus_one, dtype)  # noqa: E731
         self.input_norm = norm()
-        self.attn = Attention(c, layer, dtype, rngs)
+        self.attn = Attention(c, dtype, rngs)
         self.post_attn_norm = norm()  # Llama/Qwen: the pre-MLP norm; Gemma: the post-attention norm
         if c.sandwich_norm:
             self.pre_mlp_norm = norm()
             self.post_mlp_norm = norm()
         self.mlp = MLP(c, dtype, rngs)
 
-    def __call__(self, x, positions, mask, cache_kv, index):
-        h, cache_kv = self.attn(self.input_norm(x), positions, mask, cache_kv, index)
+    def __call__(self, x, rope, mask, cache_kv, index):
+        """One layer (see `Attention.__call__`); returns the new residual stream and this call's keys/values."""
+        h, new_kv = self.attn(self.input_norm(x), rope, mask, cache_kv, index)
         if self.sandwich:
             x = x + self.post_attn_norm(h)
             x = x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
         else:
             x = x + h
             x = x + self.mlp(self.post_attn_norm(x))
-        return x, cache_kv
+        return x, new_kv
+
+
+def stack_blocks(blocks: list[Block]) -> Block:
+    """One Block whose every variable stacks the blocks' values on a new leading `layers` axis (logical axes
+    gain LAYERS in front); the blocks must share one structure."""
+    graphdef, _ = nnx.split(blocks[0])
+
+    def stack(*variables: nnx.Variable) -> nnx.Variable:
+        first = variables[0]
+        value = jnp.stack([v.get_raw_value() for v in variables])
+        axes = first.get_metadata().get("logical_axes")
+        return first.replace(value) if axes is None else first.replace(value, logical_axes=(LAYERS, *axes))
+
+    states = [nnx.state(b) for b in blocks]
+    return nnx.merge(graphdef, jax.tree.map(stack, *states, is_leaf=lambda x: isinstance(x, nnx.Variable)))
 
 
 class Output(NamedTuple):
@@ -204,7 +228,8 @@ class Decoder(nnx.Module):
         self.config = c
         self.dtype = dtype
         self.embedding = _param(rngs, (c.vocab_size, c.hidden_size), (VOCAB, EMBED), dtype, 1.0)
-        self.layers = nnx.List([Block(c, i, dtype, rngs) for i in range(c.num_layers)])
+        # built layer by layer (the same random values as separate blocks), then stacked for the scan
+        self.layers = stack_blocks([Block(c, dtype, rngs) for _ in range(c.num_layers)])
         self.final_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_plus_one, dtype)
         if not c.tie_embeddings:
             self.lm_head = _param(rngs, (c.hidden_size, c.vocab_size), (EMBED, VOCAB), dtype, c.hidden_size**-0.5)
@@ -242,27 +267,68 @@ class Decoder(nnx.Module):
             q_slot, k_slot = index + jnp.arange(t), jnp.arange(cache.valid.shape[1])
         causal = k_slot[None, :] <= q_slot[:, None]  # [T, S]
         base = valid[:, None, :] & causal[None]
-        masks = {"full_attention": base}
-        if c.sliding_window:
+        full = (base, rope_tables(c.rope, c.head_dim, positions))
+        sliding = None
+        if "sliding_attention" in c.layer_types:
             window = k_slot[None, :] > q_slot[:, None] - c.sliding_window
-            masks["sliding_attention"] = base & window[None]
+            local_rope = full[1] if c.rope_local in (None, c.rope) else rope_tables(c.rope_local, c.head_dim, positions)
+            sliding = (base & window[None], local_rope)
 
         x = jnp.take(self.embedding[...], tokens, axis=0)
         if c.embed_scale:
             x = x * jnp.asarray(np.sqrt(c.hidden_size), self.dtype).astype(x.dtype)
-        new_k, new_v = [], []
-        for i, block in enumerate(self.layers):
-            layer_cache = None if cache is None else (cache.k[i], cache.v[i])
-            x, layer_cache = block(x, positions, masks[c.layer_types[i]], layer_cache, index)
-            if layer_cache is not None:
-                new_k.append(layer_cache[0])
-                new_v.append(layer_cache[1])
+        x, new_kv = self._run_layers(x, full, sliding, cache, index)
         hidden = self.final_norm(x)
         new_cache = None
         if cache is not None:
-            new_cache = KVCache(tuple(new_k), tuple(new_v), valid, cache.index + t)
+            new_cache = KVCache(*new_kv, valid, cache.index + t)
         logits = self.logits(hidden) if compute_logits else None
         return Output(logits, new_cache, hidden)
+
+    def _run_layers(self, x: Array, full: tuple, sliding: tuple | None, cache: KVCache | None,
+                    index: Array | None) -> tuple[Array, tuple[Array, Array] | None]:
+        """All blocks under one `lax.scan` over the stacked parameters; returns x and the updated cache's k, v.
+
+        `full` / `sliding` are (mask, rope tables) of global and sliding-window layers; a per-layer flag picks one
+        when the model mixes them. Variables other than parameters (the LoRA dropout RNG state) are threaded
+        through the carry, as an unrolled loop would advance them, and written back after the scan when a layer
+        changed them (only then: a model called inside a sampler's while loop must not mutate). The cache's
+        new keys/values are written into the stacked cache in the carry (only this call's slots), so a donated
+        cache is updated in place.
+        """
+        c = self.config
+        graphdef, params, rest = nnx.split(self.layers, nnx.Param, ...)
+        flags = np.array([kind == "sliding_attention" for kind in c.layer_types])
+        mixed = bool(flags.any() and not flags.all())
+        mutated = []  # set while tracing the body when a layer changes a non-parameter variable
+
+        def body(carry, xs):
+            x, rest, cache_kv = carry
+            layer_params, is_sliding, layer = xs
+            before = jax.tree.leaves(rest)  # merge shares rest's Variables with the block: compare values after
+            block = nnx.merge(graphdef, layer_params, rest)
+            if mixed:
+                mask, rope = jax.tree.map(lambda s, f: jnp.where(is_sliding, s, f), sliding, full)
+            else:
+                mask, rope = sliding if flags.all() else full
+            layer_cache = None
+            if cache_kv is not None:
+                layer_cache = tuple(jax.lax.dynamic_index_in_dim(a, layer, keepdims=False) for a in cache_kv)
+            x, new_kv = block(x, rope, mask, layer_cache, index)
+            if cache_kv is not None:
+                cache_kv = tuple(jax.lax.dynamic_update_slice(a, n[None], (layer, 0, index, 0, 0))
+                                 for a, n in zip(cache_kv, new_kv))
+            new_rest = nnx.split(block, nnx.Param, ...)[2]
+            if any(a is not b for a, b in zip(jax.tree.leaves(new_rest), before, strict=True)):
+                mutated.append(True)
+            return (x, new_rest, cache_kv), None
+
+        cache_kv = None if cache is None else (cache.k, cache.v)
+        xs = (params, jnp.asarray(flags), jnp.arange(c.num_layers))
+        (x, rest, cache_kv), _ = jax.lax.scan(body, (x, rest, cache_kv), xs)
+        if mutated:
+            nnx.update(self.layers, rest)
+        return x, cache_kv
 
     def logits(self, hidden: Array) -> Array:
         """Projects final hidden states [..., embed] to float32 logits [..., vocab]."""

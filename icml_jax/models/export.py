@@ -1,6 +1,8 @@
 """Export: LoRA merged into the base weights as a Hugging Face directory, and adapters saved/loaded alone.
 
 Tensor names and layouts come from `hf_layout` (the table loading uses), so export and loading cannot disagree.
+Stacked block parameters and adapters (leading `layers` axis) are written layer by layer under per-layer names
+(`model.layers.3.self_attn.q_proj.weight`, `layers.3.attn.q_lora_a`), the names a per-layer model would have.
 Every process of a multi-host run calls these functions (arrays are gathered collectively); process 0 writes.
 """
 
@@ -21,6 +23,7 @@ from jax.experimental import multihost_utils
 
 from icml_jax import parallel
 from icml_jax.models import hf_layout, lora
+from icml_jax.models.decoder import LAYERS
 from icml_jax.models.safetensors_io import SafetensorsFile
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -127,8 +130,12 @@ def export_hf(
         raise ValueError(f"export dtype must be float32, bfloat16 or float16, got {np_dtype}")
     hf = hf_config_for_export(json.loads(config_file.read_text()), _HF_DTYPE_NAMES[np_dtype])
 
-    names = {path: hf_layout.full_name(table[path][0], "model.") for path in params}
-    sizes = [(names[p], int(np.prod(v.shape)) * np_dtype.itemsize) for p, v in params.items()]
+    layers = decoder_config.num_layers
+    names = {path: [hf_layout.full_name(n, "model.") for n in (
+        hf_layout.layer_names(table[path][0], layers) if hf_layout.is_stacked(path) else [table[path][0]])]
+        for path in params}
+    sizes = [(name, int(np.prod(v.shape)) * np_dtype.itemsize // len(names[p])) for p, v in params.items()
+             for name in names[p]]
     shards = _plan_shards(sizes, max_shard_bytes)
     files = (["model.safetensors"] if len(shards) == 1 else
              [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
@@ -142,13 +149,14 @@ def export_hf(
     pending: dict[str, np.ndarray] = {}
     current = files[0]
     for path, value in lora.iter_merged_params(model):
-        name = names[path]
-        if file_of[name] != current:
-            if writer:
-                write_safetensors(out_dir / current, pending, {"format": "pt"})
-            pending, current = {}, file_of[name]
         array = to_host(value).astype(np_dtype)
-        pending[name] = np.ascontiguousarray(hf_layout.ours_to_hf(table[path][1], array))
+        pieces = list(array) if hf_layout.is_stacked(path) else [array]
+        for name, piece in zip(names[path], pieces, strict=True):
+            if file_of[name] != current:
+                if writer:
+                    write_safetensors(out_dir / current, pending, {"format": "pt"})
+                pending, current = {}, file_of[name]
+            pending[name] = np.ascontiguousarray(hf_layout.ours_to_hf(table[path][1], piece))
     if writer:
         write_safetensors(out_dir / current, pending, {"format": "pt"})
         if len(files) > 1:
@@ -165,9 +173,19 @@ def export_hf(
     return out_dir
 
 
-def _adapter_items(model: nnx.Module) -> list[tuple[str, nnx.Variable]]:
-    """(file name, variable) of every LoRA adapter, in state order."""
-    return [(".".join(map(str, path)), var) for path, var in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam))]
+def _adapter_items(model: nnx.Module) -> list[tuple[str, nnx.Variable, int | None]]:
+    """(file name, variable, layer) of every LoRA adapter in state order; a stacked adapter gives one item per
+    layer, named as a per-layer model would name it (`layers.3.attn.q_lora_a`), layer None otherwise."""
+    items = []
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam)):
+        axes = var.get_metadata().get("logical_axes") or (None,)
+        if axes[0] == LAYERS and LAYERS in path:
+            at = path.index(LAYERS) + 1
+            for layer in range(var.get_raw_value().shape[0]):
+                items.append((".".join(map(str, (*path[:at], layer, *path[at:]))), var, layer))
+        else:
+            items.append((".".join(map(str, path)), var, None))
+    return items
 
 
 def save_adapters(model: nnx.Module, directory: str | Path) -> Path:
@@ -176,7 +194,8 @@ def save_adapters(model: nnx.Module, directory: str | Path) -> Path:
     if not items:
         raise ValueError("save_adapters: the model has no LoRA adapters (apply_lora first)")
     config: lora.LoraConfig = getattr(model, "lora_config", None) or lora.LoraConfig()
-    tensors = {name: to_host(var.get_raw_value()) for name, var in items}
+    hosts = {id(var): to_host(var.get_raw_value()) for _, var, _ in items}
+    tensors = {name: hosts[id(var)] if layer is None else hosts[id(var)][layer] for name, var, layer in items}
     directory = Path(directory)
     if jax.process_index() == 0:
         directory.mkdir(parents=True, exist_ok=True)
@@ -226,19 +245,24 @@ def load_adapters(model: nnx.Module, directory: str | Path) -> nnx.Module:
     file = SafetensorsFile(path)
     names = set(file.keys())
     items = _adapter_items(model)
-    missing = [n for n, _ in items if n not in names]
-    extra = sorted(names - {n for n, _ in items})
+    missing = [n for n, _, _ in items if n not in names]
+    extra = sorted(names - {n for n, _, _ in items})
     if missing or extra:
         raise ValueError(f"{path}: adapters do not match the model: missing {missing[:6]}, unexpected {extra[:6]}")
-    leaves = []
-    for name, var in items:
+    arrays: dict[int, list[np.ndarray]] = {}
+    for name, var, layer in items:
         current = var.get_raw_value()
+        expected = tuple(current.shape if layer is None else current.shape[1:])
         array = file.get(name)
-        if tuple(array.shape) != tuple(current.shape):
-            raise ValueError(f"{path}: tensor {name!r} has shape {tuple(array.shape)}, the model expects "
-                             f"{tuple(current.shape)}")
-        array = np.asarray(array, dtype=current.dtype)
-        leaves.append((name, var, parallel.place(array, current.sharding)))
-    for _, var, value in leaves:
+        if tuple(array.shape) != expected:
+            raise ValueError(f"{path}: tensor {name!r} has shape {tuple(array.shape)}, the model expects {expected}")
+        arrays.setdefault(id(var), []).append(np.asarray(array, dtype=current.dtype))
+    leaves = []
+    for _, var, layer in items:
+        if layer is None or layer == 0:  # one value per variable: a stacked adapter's layers in order
+            pieces = arrays[id(var)]
+            array = pieces[0] if layer is None else np.stack(pieces)
+            leaves.append((var, parallel.place(array, var.get_raw_value().sharding)))
+    for var, value in leaves:
         var.set_value(value)
     return model

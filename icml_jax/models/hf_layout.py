@@ -11,7 +11,8 @@ import numpy as np
 
 from icml_jax.models.config import ModelConfig
 
-Path = tuple  # an nnx state path such as ("layers", 0, "attn", "q")
+Path = tuple  # an nnx state path such as ("layers", "attn", "q")
+STACKED = "layers"  # paths under it hold all layers on a leading axis; their HF names have a "{layer}" field
 
 # Layout kinds: how a HF tensor maps onto ours.
 VECTOR = "vector"  # same array (norm scales, embeddings)
@@ -38,7 +39,10 @@ _BLOCK_NORMS = {
 
 
 def layout(config: ModelConfig) -> dict[Path, tuple[str, str]]:
-    """Maps each parameter path to (HF name without the body prefix, layout kind); the head uses '<lm_head>'."""
+    """Maps each parameter path to (HF name without the body prefix, layout kind); the head uses '<lm_head>'.
+
+    A stacked block parameter (path under STACKED, leading axis = layers) maps to a name with a "{layer}" field:
+    layer i of it is the HF tensor `name.format(layer=i)` (see `layer_names`)."""
     c = config
     table: dict[Path, tuple[str, str]] = {
         ("embedding",): ("embed_tokens.weight", VECTOR),
@@ -46,25 +50,34 @@ def layout(config: ModelConfig) -> dict[Path, tuple[str, str]]:
     }
     if not c.tie_embeddings:
         table[("lm_head",)] = ("<lm_head>", LINEAR)
-    for i in range(c.num_layers):
-        p = f"layers.{i}."
-        norms = ["input_norm", "post_attn_norm"] + (["pre_mlp_norm", "post_mlp_norm"] if c.sandwich_norm else [])
-        for ours in norms:
-            table[("layers", i, ours, "scale")] = (p + _BLOCK_NORMS[ours] + ".weight", VECTOR)
+    p, s = "layers.{layer}.", STACKED
+    norms = ["input_norm", "post_attn_norm"] + (["pre_mlp_norm", "post_mlp_norm"] if c.sandwich_norm else [])
+    for ours in norms:
+        table[(s, ours, "scale")] = (p + _BLOCK_NORMS[ours] + ".weight", VECTOR)
+    for proj in "qkv":
+        table[(s, "attn", proj)] = (p + f"self_attn.{proj}_proj.weight", IN_HEADS)
+    table[(s, "attn", "o")] = (p + "self_attn.o_proj.weight", OUT_HEADS)
+    if c.qkv_bias:
         for proj in "qkv":
-            table[("layers", i, "attn", proj)] = (p + f"self_attn.{proj}_proj.weight", IN_HEADS)
-        table[("layers", i, "attn", "o")] = (p + "self_attn.o_proj.weight", OUT_HEADS)
-        if c.qkv_bias:
-            for proj in "qkv":
-                table[("layers", i, "attn", f"{proj}_bias")] = (p + f"self_attn.{proj}_proj.bias", BIAS_HEADS)
-        if c.o_bias:
-            table[("layers", i, "attn", "o_bias")] = (p + "self_attn.o_proj.bias", VECTOR)
-        if c.qk_norm:
-            table[("layers", i, "attn", "q_norm", "scale")] = (p + "self_attn.q_norm.weight", VECTOR)
-            table[("layers", i, "attn", "k_norm", "scale")] = (p + "self_attn.k_norm.weight", VECTOR)
-        for proj in ("gate", "up", "down"):
-            table[("layers", i, "mlp", proj)] = (p + f"mlp.{proj}_proj.weight", LINEAR)
+            table[(s, "attn", f"{proj}_bias")] = (p + f"self_attn.{proj}_proj.bias", BIAS_HEADS)
+    if c.o_bias:
+        table[(s, "attn", "o_bias")] = (p + "self_attn.o_proj.bias", VECTOR)
+    if c.qk_norm:
+        table[(s, "attn", "q_norm", "scale")] = (p + "self_attn.q_norm.weight", VECTOR)
+        table[(s, "attn", "k_norm", "scale")] = (p + "self_attn.k_norm.weight", VECTOR)
+    for proj in ("gate", "up", "down"):
+        table[(s, "mlp", proj)] = (p + f"mlp.{proj}_proj.weight", LINEAR)
     return table
+
+
+def is_stacked(path: Path) -> bool:
+    """Whether the parameter at `path` holds every layer on its leading axis."""
+    return bool(path) and path[0] == STACKED
+
+
+def layer_names(hf_suffix: str, num_layers: int) -> list[str]:
+    """The per-layer HF names of a stacked parameter's name template, layer 0 first."""
+    return [hf_suffix.format(layer=i) for i in range(num_layers)]
 
 
 def find_prefix(names: Iterable[str]) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import jax
@@ -32,10 +32,12 @@ def from_pretrained(
 ) -> Decoder:
     """Loads `config.json` and the safetensors weights of a local HF model directory.
 
-    The model is built abstractly and each tensor is read from its memory map, rearranged, cast to `dtype` and
-    put on its device(s) one at a time, so host memory stays near one copy of the weights. With `mesh`, each
-    tensor goes straight to its shards (logical axes -> mesh axes via `rules`). The returned model has its
-    `config` attached. Missing, unexpected or mis-shaped tensors raise ValueError naming tensor and file.
+    The model is built abstractly and each parameter is read from the memory maps, rearranged, cast to `dtype`
+    and put on its device(s) one at a time. A stacked block parameter gathers its layers' tensors: on one device
+    through one stacked host copy; with `mesh` (logical axes -> mesh axes via `rules`) each device's shard is
+    assembled from the layers' slices, so no device receives more than its shard and the host holds one layer's
+    tensor plus one shard at a time. The returned model has its `config` attached. Missing, unexpected or
+    mis-shaped tensors raise ValueError naming tensor and file.
     """
     path = Path(path)
     if not path.is_dir():
@@ -48,27 +50,37 @@ def from_pretrained(
         raise ValueError(f"{path}: {e.args[0]}") from None
     graphdef, state = nnx.split(abstract_model(config, dtype))
     table = hf_layout.layout(config)
-    np_dtype = jnp.dtype(dtype)
     used: set[str] = set()
     missing: list[str] = []
     leaves = []
     for key, var in nnx.to_flat_state(state):
         hf_suffix, kind = table[key]
-        name = hf_layout.full_name(hf_suffix, prefix)
-        if name not in ckpt:
-            missing.append(name)
+        stacked = hf_layout.is_stacked(key)
+        suffixes = hf_layout.layer_names(hf_suffix, config.num_layers) if stacked else [hf_suffix]
+        names = [hf_layout.full_name(n, prefix) for n in suffixes]
+        absent = [n for n in names if n not in ckpt]
+        if absent:
+            missing.extend(absent)
             leaves.append((key, var))
             continue
-        used.add(name)
-        try:
-            array = hf_layout.hf_to_ours(kind, ckpt.get(name), var.shape)
-        except ValueError as e:
-            raise ValueError(f"tensor {name!r} in {ckpt.file_of(name)} {e} (parameter {'/'.join(map(str, key))})") from None
-        array = np.ascontiguousarray(array, dtype=np_dtype)
-        if mesh is None:
-            value = jax.device_put(array)
-        else:  # each device receives only its shard, also when the mesh spans several processes
-            value = parallel.place(array, parallel.variable_sharding(var, mesh, rules))
+        used.update(names)
+        shape = tuple(var.shape[1:] if stacked else var.shape)
+        for i, name in enumerate(names):
+            expected = hf_layout.hf_shape(kind, shape)
+            if ckpt.shape(name) != expected:
+                where = "/".join(map(str, key)) + (f", layer {i}" if stacked else "")
+                raise ValueError(f"tensor {name!r} in {ckpt.file_of(name)} has shape {ckpt.shape(name)}, "
+                                 f"expected {expected} (parameter {where})")
+        read = _reader(ckpt, kind, shape, jnp.dtype(dtype))
+        sharding = None if mesh is None else parallel.variable_sharding(var, mesh, rules)
+        if not stacked:
+            value = jax.device_put(read(names[0])) if mesh is None else parallel.place(read(names[0]), sharding)
+        elif mesh is None:
+            value = jax.device_put(np.stack([read(n) for n in names]))
+        else:  # each device's shard is assembled from the layers' memory maps: no full stacked copy on the host
+            value = jax.make_array_from_callback(
+                tuple(var.shape), sharding,
+                lambda index, names=names, read=read: np.stack([read(n)[index[1:]] for n in names[index[0]]]))
         leaves.append((key, var.replace(value)))
     if missing:
         raise ValueError(f"{path}: checkpoint lacks {len(missing)} tensor(s): {', '.join(missing[:8])}"
@@ -80,3 +92,11 @@ def from_pretrained(
         raise ValueError(f"{path}: unexpected tensor(s) the {config.family} decoder does not use: {shown}"
                          + (" ..." if len(unexpected) > 8 else ""))
     return nnx.merge(graphdef, nnx.from_flat_state(leaves))
+
+
+def _reader(ckpt: Checkpoint, kind: str, shape: tuple[int, ...], dtype) -> Callable[[str], np.ndarray]:
+    """name -> that checkpoint tensor in our layout (`shape`) and `dtype`, read from its memory map."""
+    def read(name: str) -> np.ndarray:
+        return np.ascontiguousarray(hf_layout.hf_to_ours(kind, ckpt.get(name), shape), dtype=dtype)
+
+    return read

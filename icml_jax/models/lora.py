@@ -8,7 +8,10 @@ On top of qwix this module
 - switches adapter dropout with flax's `model.train()` / `model.eval()` (train: dropout on; eval: off, used for
   rollouts and scoring);
 - initialises the adapters directly onto their shards (qwix runs abstractly, under `nnx.eval_shape`), so a
-  sharded base model never meets a single-device copy and multi-host runs work.
+  sharded base model never meets a single-device copy and multi-host runs work;
+- stacks the adapters over layers like the decoder's block parameters (leading `layers` axis): qwix discovers
+  one layer's adapters on an unstacked copy of the block, the stacked ones are attached to the decoder's block,
+  and inside the decoder's layer scan qwix finds each layer's slice by name on the block it runs.
 
 Only `TRAINABLE` variables (adapters, plus `TrainableParam`s such as policy heads) are trained; `FROZEN` selects
 the base weights.
@@ -36,12 +39,13 @@ from qwix._src.providers import ptq
 from qwix._src.utils import flax_util
 
 from icml_jax import parallel
+from icml_jax.models.decoder import LAYERS, Decoder
 
 PROJECTIONS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 _HF_ALIASES = {f"{p}_proj": p for p in PROJECTIONS}
-# Module paths (as qwix writes them, "/"-joined) whose einsums may carry adapters; any prefix allowed so a
-# decoder nested in an agent (e.g. "backbone/layers/3/attn") matches too.
-MODULE_PATH = r"(.*/)?layers/\d+/(attn|mlp)"
+# Module paths (as qwix writes them, "/"-joined) whose einsums may carry adapters: the stacked block's attention
+# and MLP ("layers/attn"); any prefix allowed so a decoder nested in an agent ("backbone/layers/attn") matches too.
+MODULE_PATH = r"(.*/)?layers/(attn|mlp)"
 
 
 class TrainableParam(nnx.Param):
@@ -191,27 +195,71 @@ def _annotate(name: str, einsum_str: str, operands: Sequence[Any], lora: LoraCon
     b.set_metadata("lora_scale", lora.scale)
 
 
+class _OneLayer(nnx.Module):
+    """One unstacked block at the path `layers`, so qwix discovers (and names) the adapters of one layer."""
+
+    def __init__(self, block: nnx.Module):
+        self.layers = block
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
+        return self.layers(x, (cos, sin), mask, None, None)[0]
+
+
+def _layer_adapters(model: Decoder, provider: _Provider) -> list[tuple[tuple, nnx.Variable]]:
+    """(path inside the block, abstract variable) of the adapters qwix gives one layer, with their metadata."""
+    c = model.config
+
+    def discover(m: Decoder) -> nnx.Module:
+        graphdef, params, rest = nnx.split(m.layers, nnx.Param, ...)
+
+        def first_layer(v: nnx.Variable) -> nnx.Variable:
+            axes = v.get_metadata().get("logical_axes")
+            value = v.get_raw_value()[0]
+            return v.replace(value) if axes is None else v.replace(value, logical_axes=tuple(axes)[1:])
+
+        one = jax.tree.map(first_layer, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+        x = jnp.zeros((1, 1, c.hidden_size), m.dtype)
+        rope = jnp.zeros((1, 1, c.head_dim), jnp.float32)
+        return qwix.apply_lora_to_model(_OneLayer(nnx.merge(graphdef, one, rest)), provider, x, rope, rope,
+                                        jnp.ones((1, 1, 1), bool), rngs=nnx.Rngs(0))
+
+    with _quiet_qwix():
+        holder = nnx.eval_shape(discover, model)
+    return list(nnx.to_flat_state(nnx.state(holder.layers, nnx.LoRAParam)))
+
+
 def apply_lora(
-    model: nnx.Module,
+    model: Decoder,
     lora: LoraConfig | None = None,
     *,
     seed: int = 0,
     mesh: Mesh | None = None,
     rules: parallel.Rules = parallel.DEFAULT_RULES,
-) -> nnx.Module:
-    """A copy of `model` (a Decoder, or a module that calls one) with LoRA adapters on the target projections.
+) -> Decoder:
+    """A copy of the decoder `model` with LoRA adapters on the target projections of every layer.
 
     A is He-uniform and B zero (qwix's defaults), so the adapted model starts equal to the base. Adapters are
-    created on `mesh` (default: the mesh the base parameters live on) following their base weights; base
-    arrays are shared with `model`, not copied. The result is in eval mode (dropout off): call `.train()`
-    before an update step and `.eval()` for rollouts and scoring. `seed` drives adapter init and dropout.
+    stacked over layers like the block's weights and created on `mesh` (default: the mesh the base parameters
+    live on) following their base weights; base arrays are shared with `model`, not copied. The result is in
+    eval mode (dropout off): call `.train()` before an update step and `.eval()` for rollouts and scoring.
+    `seed` drives adapter init and dropout.
     """
     lora = lora or LoraConfig()
     provider = _Provider(lora)
     mesh = mesh or parallel.model_mesh(model)
+    per_layer = _layer_adapters(model, provider)
+    num_layers = model.config.num_layers
 
     def build(m):
-        out = qwix.apply_lora_to_model(m, provider, jnp.zeros((1, 1), jnp.int32), rngs=nnx.Rngs(0))
+        out = qwix.apply_lora_to_model(m, provider, jnp.zeros((1, 1), jnp.int32), rngs=nnx.Rngs(0),
+                                       skip_nnx_init=True)
+        for path, var in per_layer:
+            owner = out.layers
+            for name in path[:-1]:
+                owner = getattr(owner, name)
+            axes = tuple(var.get_metadata()["logical_axes"])
+            setattr(owner, path[-1], var.replace(jnp.zeros((num_layers, *var.shape), var.dtype),
+                                                 logical_axes=(LAYERS, *axes)))
         for _, sub in nnx.iter_modules(out):
             sub.deterministic = True
         out.lora_config = lora  # static: read by save_adapters / load_adapters
@@ -256,21 +304,27 @@ def _check_targets(adapters: list, lora: LoraConfig, model: nnx.Module) -> None:
 
 def _init_adapters(adapters: list, rule: qwix.LoraRule, seed: int, mesh: Mesh | None,
                    rules: parallel.Rules) -> dict:
-    """Initial adapter values, each made by a small jitted program whose output lands directly on its shards."""
+    """Initial values of the stacked adapters, each made by a small jitted program whose output lands directly
+    on its shards. Layer l of the j-th adapter gets key fold_in(key(seed), l * len(adapters) + j): adapter by
+    adapter, layer by layer, the keys a per-layer numbering would give."""
     values = {}
-    for i, (path, var) in enumerate(adapters):
+    for j, (path, var) in enumerate(adapters):
         init_fn = rule.lora_a_initializer if str(path[-1]).endswith("_lora_a") else rule.lora_b_initializer
         sharding = None if mesh is None else parallel.variable_sharding(var, mesh, rules)
-        values[path] = _jitted_init(init_fn, tuple(var.shape), jnp.dtype(var.dtype), sharding)(seed, i)
+        values[path] = _jitted_init(init_fn, tuple(var.shape), jnp.dtype(var.dtype), sharding)(seed, j, len(adapters))
     return values
 
 
 @functools.lru_cache(maxsize=256)
 def _jitted_init(init_fn, shape: tuple[int, ...], dtype, sharding) -> Any:
-    """init_fn(fold_in(key(seed), index), shape, dtype) compiled once per shape, dtype and placement."""
+    """Stacked [layers, ...] init: layer l from init_fn(fold_in(key(seed), l * stride + index), shape[1:], dtype),
+    compiled once per shape, dtype and placement."""
 
-    def init(seed, index):
-        return init_fn(jax.random.fold_in(jax.random.key(seed), index), shape, dtype)
+    def init(seed, index, stride):
+        def layer(l):
+            return init_fn(jax.random.fold_in(jax.random.key(seed), l * stride + index), shape[1:], dtype)
+
+        return jax.vmap(layer)(jnp.arange(shape[0]))
 
     return jax.jit(init) if sharding is None else jax.jit(init, out_shardings=sharding)
 
@@ -289,7 +343,9 @@ def adapters_by_weight(model: nnx.Module) -> dict[tuple, dict[str, Any]]:
 
 
 def merged_weight(weight: jax.Array, a: jax.Array, b: jax.Array, merge: str, scale: float) -> jax.Array:
-    """W + scale * A.B in W's layout and dtype (computed in float32)."""
+    """W + scale * A.B in W's layout and dtype (computed in float32); stacked weights layer by layer."""
+    if a.ndim == len(merge.split(",")[0]) + 1:  # a leading layers axis
+        return jax.vmap(lambda w, x, y: merged_weight(w, x, y, merge, scale))(weight, a, b)
     delta = jnp.einsum(merge, a.astype(jnp.float32), b.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
     return (weight.astype(jnp.float32) + scale * delta).astype(weight.dtype)
 

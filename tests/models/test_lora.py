@@ -66,17 +66,19 @@ def test_adapters_sit_on_targets_with_axes_of_their_weight(checkpoints):
     base = from_pretrained(checkpoints["llama"])
     model = lora.apply_lora(base, lora.LoraConfig(rank=4, target_modules=("k", "o", "down")))
     # base arrays are shared with the input model, not copied
-    assert model.layers[0].attn.q.get_raw_value() is base.layers[0].attn.q.get_raw_value()
+    assert model.layers.attn.q.get_raw_value() is base.layers.attn.q.get_raw_value()
     flat = dict(nnx.to_flat_state(nnx.state(model, nnx.LoRAParam)))
-    assert len(flat) == 3 * 2 * base.config.num_layers
-    attn = model.layers[1].attn
+    assert len(flat) == 3 * 2  # stacked over layers, like the block's weights
+    n = base.config.num_layers
+    attn = model.layers.attn
     axes = lambda v: v.get_metadata()["logical_axes"]  # noqa: E731
-    assert attn.k_lora_a.shape == (64, 4) and axes(attn.k_lora_a) == ("embed", None)
-    assert attn.k_lora_b.shape == (4, 2, 16) and axes(attn.k_lora_b) == (None, "kv_heads", "head_dim")
-    assert attn.o_lora_a.shape == (4, 16, 4) and axes(attn.o_lora_a) == ("heads", "head_dim", None)
-    assert attn.o_lora_b.shape == (4, 64) and axes(attn.o_lora_b) == (None, "embed")
-    mlp = model.layers[1].mlp
-    assert axes(mlp.down_lora_a) == ("mlp", None) and axes(mlp.down_lora_b) == (None, "embed")
+    assert attn.k_lora_a.shape == (n, 64, 4) and axes(attn.k_lora_a) == ("layers", "embed", None)
+    assert attn.k_lora_b.shape == (n, 4, 2, 16) and axes(attn.k_lora_b) == ("layers", None, "kv_heads", "head_dim")
+    assert attn.o_lora_a.shape == (n, 4, 16, 4) and axes(attn.o_lora_a) == ("layers", "heads", "head_dim", None)
+    assert attn.o_lora_b.shape == (n, 4, 64) and axes(attn.o_lora_b) == ("layers", None, "embed")
+    mlp = model.layers.mlp
+    assert axes(mlp.down_lora_a) == ("layers", "mlp", None) and axes(mlp.down_lora_b) == ("layers", None, "embed")
+    assert not np.array_equal(attn.k_lora_a[...][0], attn.k_lora_a[...][1])  # each layer its own init
     assert not hasattr(attn, "q_lora_a") and not hasattr(mlp, "gate_lora_a")
     # B starts at zero: the adapted model equals the base
     ids, mask = H.token_batch(batch=2)
@@ -89,9 +91,8 @@ def test_projection_that_qwix_cannot_intercept_is_an_error(checkpoints):
             return (jax.nn.silu(x @ self.gate[...]) * (x @ self.up[...])) @ self.down[...]
 
     base = from_pretrained(checkpoints["llama"])
-    for layer in base.layers:
-        layer.mlp.__class__ = MatmulMLP
-    with pytest.raises(ValueError, match=r"no LoRA adapter on 9 target.*layers/0/mlp/gate"):
+    base.layers.mlp.__class__ = MatmulMLP
+    with pytest.raises(ValueError, match=r"no LoRA adapter on 3 target.*layers/mlp/gate"):
         lora.apply_lora(base, SMALL)
 
 
