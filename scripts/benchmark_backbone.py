@@ -1,10 +1,16 @@
-"""Backbone speed, ours vs `transformers`, side by side in one run on the same random weights.
+"""Backbone speed, ours vs `transformers`, side by side in one run on the same weights.
 
-Builds one mid-size Llama-style config (~75M parameters), saves it with `transformers` (torch), loads it with
-`icml_jax.models.from_pretrained`, and prints prefill tokens/s, cached-decode tokens/s and ours/theirs.
+Without `--model`, builds one mid-size Llama-style config (~75M parameters) with random weights, saves it with
+`transformers` (torch) and loads it with `icml_jax.models.from_pretrained`; with `--model DIR` both load that
+local HF directory (e.g. the converted SmolLM2-135M-Instruct from `python -m icml_jax.models.fetch`). Prints
+prefill tokens/s, cached-decode tokens/s and ours/theirs, and puts both against this machine's own limits
+measured in the same run: prefill as a fraction of the float32 matmul peak XLA reaches, decode against the time
+to read every weight once. With `--agent-turn`, also times one agent turn (Trigger over 15 candidate memories,
+Planner, a 32-token reply by the same backbone) and counts the programs compiled over a 5-session episode.
 Compilation is done (and timed) before measuring; every figure is the median of `--repeats` runs.
 
     python scripts/benchmark_backbone.py            # CPU here; uses the GPU when JAX and torch see one
+    python scripts/benchmark_backbone.py --model ~/.cache/icml_jax/models/smollm2-135m-instruct --agent-turn
 """
 
 from __future__ import annotations
@@ -13,12 +19,14 @@ import argparse
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
+from flax import nnx
 
 from icml_jax.models import from_pretrained
 from icml_jax.models import sampler as S
@@ -38,14 +46,121 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def load_pair(model_dir: str | None, device: str):
+    """(ours, theirs, description): the same weights in our decoder and in `transformers` (float32)."""
+    if model_dir:
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        ours = from_pretrained(model_dir)
+        name = Path(model_dir).name
+    else:
+        torch.manual_seed(0)
+        theirs = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG))
+        with tempfile.TemporaryDirectory() as d:
+            theirs.save_pretrained(d)
+            ours = from_pretrained(d)
+        name = "Llama-style, random weights"
+    theirs = theirs.float().eval().to(device)
+    n_params = sum(p.numel() for p in theirs.parameters())
+    return ours, theirs, f"{name}, {n_params / 1e6:.1f}M parameters, float32"
+
+
+def matmul_peak(repeats: int, n: int = 2048) -> float:
+    """FLOP/s of a jitted float32 n x n x n matmul: the compute limit XLA reaches on this machine."""
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    mm = jax.jit(lambda x: x @ x)
+    mm(a).block_until_ready()
+    return 2 * n**3 / median_time(lambda: mm(a).block_until_ready(), max(repeats, 5))
+
+
+def prefill_flops(ours, batch: int, length: int) -> float:
+    """Matmul FLOPs of one prefill with full logits: weights (head included) plus attention scores and mixing."""
+    c = ours.config
+    per_layer = c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim * \
+        c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    weights = c.num_layers * per_layer + c.hidden_size * c.vocab_size
+    attention = c.num_layers * 2 * 2 * length * length * c.num_heads * c.head_dim  # q.k and p.v, full square
+    return batch * (2 * length * weights + attention)
+
+
+def count_compiles() -> list[str]:
+    """A list that grows by one entry per XLA program compiled from now on."""
+    events: list[str] = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, _duration, **_: events.append(name) if name == "/jax/core/compile/backend_compile_duration"
+        else None)
+    return events
+
+
+def agent_turns(model_dir: str, repeats: int) -> None:
+    """Times MemoryAgent.step (Trigger over 15 memories + Planner + 32-token reply) and counts compilations."""
+    from icml_jax.agents.agent import AgentConfig, MemoryAgent
+    from icml_jax.agents.policy import MemoryPolicies
+    from icml_jax.llm.local import LocalBackend
+    from icml_jax.llm.offline import OfflineBackend
+    from icml_jax.memory.fragment import NewFragment
+    from icml_jax.memory.store import MemoryStore
+    from icml_jax.models import load_tokenizer
+    from icml_jax.models.lora import LoraConfig, apply_lora
+
+    tokenizer = load_tokenizer(model_dir)
+    backbone = from_pretrained(model_dir)
+    policies = MemoryPolicies(apply_lora(backbone, LoraConfig(), seed=0), rngs=nnx.Rngs(0))
+    generator = LocalBackend(backbone, tokenizer)
+    facts = ["I am vegetarian since last spring.", "My dog Biscuit is afraid of thunder.",
+             "I work night shifts as a nurse.", "My sister lives in Lisbon.", "I am training for a half marathon.",
+             "I can't stand cilantro.", "My daughter starts school in September.", "I play the cello on Sundays.",
+             "I'm allergic to penicillin.", "We are moving to a bigger flat in May.", "I started learning Korean.",
+             "My knee hurts after long runs.", "I drive an old blue Volvo.", "My father is recovering from surgery.",
+             "I prefer tea over coffee."]
+    questions = ["What should I cook for dinner tonight?", "Any tips for my run this weekend?",
+                 "How do I keep my dog calm tonight?", "What should I bring when I visit my sister?",
+                 "Can you suggest a hobby for rainy days?", "How can I sleep better after work?"]
+    store = MemoryStore()
+    # condensation is not part of the measured turn: the offline back end stores the turn text as the note
+    agent = MemoryAgent(policies, tokenizer, store, generator, condenser=OfflineBackend(),
+                        config=AgentConfig(greedy=True, reply_temperature=0.0, reply_max_tokens=32))
+    compiles = count_compiles()
+    # a 5-session episode of 6 turns each on an empty memory: every program the turn loop needs gets compiled
+    turn_times = []
+    for session in range(5):
+        history: list[tuple[str, str]] = []
+        for turn in range(6):
+            utterance = (facts + questions)[(session * 6 + turn) % (len(facts) + len(questions))]
+            start = time.perf_counter()
+            reply, _ = agent.step("u_episode", utterance, history=history, episode_id="bench", session=session,
+                                  turn=turn)
+            turn_times.append(time.perf_counter() - start)
+            history += [("user", utterance), ("assistant", reply)]
+    n_episode = len(compiles)
+    print(f"agent turn: {n_episode} XLA programs compiled over a 5-session x 6-turn episode "
+          f"(first turn {turn_times[0]:.1f} s, memories at the end: {store.count('u_episode')})")
+    store.append_many("u_bench", [NewFragment("bench", 0, i, f, f, "0") for i, f in enumerate(facts)])
+    history = [("user", "Hi, it's me again."), ("assistant", "Welcome back! How have you been?")]
+    times = []
+    for i in range(max(repeats, 20)):
+        start = time.perf_counter()
+        _, receipt = agent.step("u_bench", questions[i % len(questions)], history=history, episode_id="bench",
+                                session=1, turn=i)
+        times.append(time.perf_counter() - start)
+    assert len(receipt.trigger.candidate_ids) == 15, receipt.trigger.candidate_ids
+    p50, p95 = np.percentile(np.asarray(times) * 1e3, [50, 95])
+    print(f"agent turn with 15 candidate memories, greedy, 32-token reply, after compilation: "
+          f"p50 {p50:.0f} ms, p95 {p95:.0f} ms over {len(times)} turns "
+          f"({len(compiles) - n_episode} more compilations)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="local HF directory (default: random Llama-style weights)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt", type=int, default=512, help="prefill length")
     parser.add_argument("--decode-prompt", type=int, default=16, help="prompt length for the decode run")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--agent-turn", action="store_true", help="also time one agent turn (needs --model)")
     args = parser.parse_args()
+    if args.agent_turn and not args.model:
+        parser.error("--agent-turn needs --model (a tokenizer and chat template)")
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -53,16 +168,11 @@ def main() -> None:
           f"torch {torch.__version__} on {device} with {torch.get_num_threads()} threads; "
           f"transformers {transformers.__version__}")
 
-    torch.manual_seed(0)
-    theirs = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).float().eval().to(device)
-    n_params = sum(p.numel() for p in theirs.parameters())
-    with tempfile.TemporaryDirectory() as d:
-        theirs.save_pretrained(d)
-        ours = from_pretrained(d)
-    print(f"model: Llama-style, {n_params / 1e6:.1f}M parameters, float32")
-
+    ours, theirs, description = load_pair(args.model, device)
+    print(f"model: {description}")
+    vocab = ours.config.vocab_size
     rng = np.random.RandomState(0)
-    ids = rng.randint(3, CONFIG["vocab_size"], size=(args.batch, args.prompt)).astype(np.int32)
+    ids = rng.randint(3, vocab, size=(args.batch, args.prompt)).astype(np.int32)
     ids_t = torch.as_tensor(ids, dtype=torch.long, device=device)
 
     # Prefill: logits for every prompt position, no cache, on both sides.
@@ -73,6 +183,7 @@ def main() -> None:
     with torch.no_grad():
         ref = theirs(ids_t, use_cache=False).logits.float().cpu().numpy()
     diff = float(np.abs(np.asarray(ours_logits) - ref).max())
+    del ours_logits, ref
 
     def run_theirs_prefill():
         with torch.no_grad():
@@ -82,6 +193,8 @@ def main() -> None:
     t_theirs = median_time(run_theirs_prefill, args.repeats)
     tokens = args.batch * args.prompt
     p_ours, p_theirs = tokens / t_ours, tokens / t_theirs
+    peak = matmul_peak(args.repeats)
+    flops = prefill_flops(ours, args.batch, args.prompt)
 
     # Cached greedy decode of `new_tokens` tokens after a short prompt (end to end: prefill included).
     prompts = [list(row[: args.decode_prompt]) for row in ids]
@@ -106,8 +219,6 @@ def main() -> None:
     d_theirs = args.batch * n / median_time(run_theirs, args.repeats)
 
     # Roofline of one decode step: a vector-matrix product over every weight, i.e. the bytes a step must read.
-    from flax import nnx
-
     weights = [w.reshape(-1, w.shape[-1]) for w in jax.tree.leaves(nnx.state(ours, nnx.Param))]
     read_all = jax.jit(lambda ws: sum(jnp.sum(jnp.ones((1, w.shape[0]), w.dtype) @ w) for w in ws))
     read_all(weights).block_until_ready()
@@ -122,9 +233,14 @@ def main() -> None:
           f"{p_ours:12.0f}{p_theirs:14.0f}{p_ours / p_theirs:7.2f}x")
     print(f"{'decode tokens/s (b=%d, %d new)' % (args.batch, n):34s}"
           f"{d_ours:12.1f}{d_theirs:14.1f}{d_ours / d_theirs:7.2f}x")
+    print(f"prefill: {flops / 1e9:.1f} GFLOP per call; float32 matmul peak here {peak / 1e9:.0f} GFLOP/s "
+          f"(2048^3, jitted): ours at {flops / t_ours / peak:.0%} of it, transformers at {flops / t_theirs / peak:.0%}")
     print(f"decode step: ours {step_ours * 1e3:.2f} ms, transformers {step_theirs * 1e3:.2f} ms; reading all "
           f"{n_bytes / 1e6:.0f} MB of weights once (vector x matrix) takes {t_floor * 1e3:.2f} ms "
           f"({n_bytes / t_floor / 1e9:.1f} GB/s): ours runs at {t_floor / step_ours:.0%} of that floor")
+    if args.agent_turn:
+        del theirs
+        agent_turns(args.model, args.repeats)
 
 
 if __name__ == "__main__":

@@ -197,6 +197,20 @@ def test_dataset_configs_load_with_gemini_back_ends():
     assert base.warmup.learning_rate == 2e-5 and base.rl.ppo.actor_lr == 1e-6 and base.synthesis.num_seeds == 84
 
 
+def test_smollm2_demo_config_uses_the_fetched_model_for_policies_and_replies(tmp_path):
+    """configs/demo_smollm2.py: SmolLM2 (the fetch cache) as backbone and as the local reply/note writer, offline
+    storylines and oracle judge; with the model fetched it passes the up-front checks."""
+    from icml_jax.models.fetch import is_converted, model_dir
+
+    config = load_config("demo_smollm2")
+    path = str(model_dir("smollm2-135m-instruct"))
+    assert config.model.kind == "pretrained" and config.model.path == config.policy.planner_model == path
+    assert config.llm.generator.kind == "local" and config.llm.generator.model_dir == path
+    assert config.llm.synthesizer.kind == "offline" and config.llm.judge.kind == "offline"
+    if is_converted(path, "smollm2-135m-instruct"):
+        assert job.validate(config, tmp_path / "work") == ("synthesize", "warmup", "online")
+
+
 def test_pretrained_checkpoint_passes_checks_and_builds(tmp_path):
     from icml_jax.rl import persona_run
     from tests.models import hf_fixtures as F
