@@ -120,12 +120,14 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     # kill 1: in the warm-up, a random number of its logged steps in
     warm = rng.randint(1, 2)
     _kill_when(_start(killed), killed, lambda rows: sum(r["stage"] == "warmup" for r in rows) >= warm)
-    # kill 2: in online learning, after a random number of episodes (counted from any restart)
-    episodes = rng.randint(1, 6)
+    # kill 2: in online learning, after a random number of episodes (counted from any restart); at most 4 of the
+    # 8, so that the restarted run still has saves left to be killed in (checkpoints every 2 episodes)
+    episodes = rng.randint(1, 4)
     _kill_when(_start(killed), killed,
                lambda rows: sum(r["stage"] == "online" and "episode" in r for r in rows) >= episodes)
     # kill 3: while a checkpoint is being written (its temporary directory is there, unfinished)
-    nth = rng.randint(2, 3)
+    # the n-th save after the restart: it resumes from step <= episodes, so >= (8 - episodes) // 2 saves remain
+    nth = rng.randint(2, max(2, (8 - episodes) // 2))
     proc = _start(killed, KILL_AT_SAVE=str(nth))
     proc.wait(timeout=300)
     err = _logs(killed, "err")
