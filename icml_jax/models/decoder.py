@@ -52,10 +52,11 @@ class RMSNorm(nnx.Module):
 
 class KVCache(NamedTuple):
     """Keys/values of all layers [layers, batch, slots, kv_heads, head_dim], which slots hold real tokens, and the
-    next slot."""
+    next slot. For layers run unrolled (`Decoder.__call__(layers=...)`) k and v are tuples of per-layer arrays
+    [batch, slots, kv_heads, head_dim] (`unstack_cache`)."""
 
-    k: Array
-    v: Array
+    k: Array | tuple[Array, ...]
+    v: Array | tuple[Array, ...]
     valid: Array  # [batch, slots] bool
     index: Array  # [] int32: the slot the next token is written to
 
@@ -69,6 +70,16 @@ def init_cache(config: ModelConfig, batch: int, slots: int, dtype=jnp.float32) -
         valid=jnp.zeros((batch, slots), bool),
         index=jnp.zeros((), jnp.int32),
     )
+
+
+def unstack_cache(cache: KVCache) -> KVCache:
+    """The cache with per-layer tuples of keys and values (for layers run unrolled)."""
+    return cache._replace(k=tuple(cache.k), v=tuple(cache.v))
+
+
+def stack_cache(cache: KVCache) -> KVCache:
+    """The inverse of `unstack_cache`."""
+    return cache._replace(k=jnp.stack(cache.k), v=jnp.stack(cache.v))
 
 
 def rope_tables(rope: RopeConfig, head_dim: int, positions: Array) -> tuple[Array, Array]:
@@ -242,12 +253,17 @@ class Decoder(nnx.Module):
         attention_mask: Array | None = None,
         cache: KVCache | None = None,
         compute_logits: bool = True,
+        layers: tuple[nnx.State, ...] | None = None,
     ) -> Output:
         """Runs token ids [batch, length].
 
         attention_mask [batch, length] marks real tokens (1) and padding (0) of `tokens`; positions default to
         the count of real tokens before each one, so left padding does not shift positions. With a cache the
         tokens are written at slots [cache.index, cache.index + length) and attend to every valid earlier slot.
+        `layers` (from `unstacked_layers()`, sliced once outside a decode loop) runs the blocks unrolled from
+        those per-layer parameters instead of scanning the stacked ones, with an unstacked cache: XLA:CPU copies
+        each scanned layer's weights out of the stack before its matmuls, which doubles the memory traffic of
+        a small-batch decode step.
         """
         c = self.config
         b, t = tokens.shape
@@ -277,7 +293,7 @@ class Decoder(nnx.Module):
         x = jnp.take(self.embedding[...], tokens, axis=0)
         if c.embed_scale:
             x = x * jnp.asarray(np.sqrt(c.hidden_size), self.dtype).astype(x.dtype)
-        x, new_kv = self._run_layers(x, full, sliding, cache, index)
+        x, new_kv = self._run_layers(x, full, sliding, cache, index, layers)
         hidden = self.final_norm(x)
         new_cache = None
         if cache is not None:
@@ -285,9 +301,16 @@ class Decoder(nnx.Module):
         logits = self.logits(hidden) if compute_logits else None
         return Output(logits, new_cache, hidden)
 
+    def unstacked_layers(self) -> tuple[nnx.State, ...]:
+        """Each layer's parameters, sliced out of the stacked block (for `__call__(layers=...)`)."""
+        _, params, _ = nnx.split(self.layers, nnx.Param, ...)
+        return tuple(jax.tree.map(lambda a, i=i: a[i], params) for i in range(self.config.num_layers))
+
     def _run_layers(self, x: Array, full: tuple, sliding: tuple | None, cache: KVCache | None,
-                    index: Array | None) -> tuple[Array, tuple[Array, Array] | None]:
-        """All blocks under one `lax.scan` over the stacked parameters; returns x and the updated cache's k, v.
+                    index: Array | None, layers: tuple[nnx.State, ...] | None,
+                    ) -> tuple[Array, tuple[Array, Array] | None]:
+        """All blocks, under one `lax.scan` over the stacked parameters (or unrolled over `layers`); returns x and
+        the updated cache's k, v.
 
         `full` / `sliding` are (mask, rope tables) of global and sliding-window layers; a per-layer flag picks one
         when the model mixes them. Variables other than parameters (the LoRA dropout RNG state) are threaded
@@ -299,33 +322,49 @@ class Decoder(nnx.Module):
         c = self.config
         graphdef, params, rest = nnx.split(self.layers, nnx.Param, ...)
         flags = np.array([kind == "sliding_attention" for kind in c.layer_types])
-        mixed = bool(flags.any() and not flags.all())
-        mutated = []  # set while tracing the body when a layer changes a non-parameter variable
+        mutated = []  # set while tracing when a layer changes a non-parameter variable
 
-        def body(carry, xs):
-            x, rest, cache_kv = carry
-            layer_params, is_sliding, layer = xs
+        def run_layer(x, rest, layer_params, is_sliding, layer_cache):
             before = jax.tree.leaves(rest)  # merge shares rest's Variables with the block: compare values after
             block = nnx.merge(graphdef, layer_params, rest)
-            if mixed:
-                mask, rope = jax.tree.map(lambda s, f: jnp.where(is_sliding, s, f), sliding, full)
+            if isinstance(is_sliding, (bool, np.bool_)):
+                mask, rope = sliding if is_sliding else full
             else:
-                mask, rope = sliding if flags.all() else full
-            layer_cache = None
-            if cache_kv is not None:
-                layer_cache = tuple(jax.lax.dynamic_index_in_dim(a, layer, keepdims=False) for a in cache_kv)
+                mask, rope = jax.tree.map(lambda s, f: jnp.where(is_sliding, s, f), sliding, full)
             x, new_kv = block(x, rope, mask, layer_cache, index)
-            if cache_kv is not None:
-                cache_kv = tuple(jax.lax.dynamic_update_slice(a, n[None], (layer, 0, index, 0, 0))
-                                 for a, n in zip(cache_kv, new_kv))
             new_rest = nnx.split(block, nnx.Param, ...)[2]
             if any(a is not b for a, b in zip(jax.tree.leaves(new_rest), before, strict=True)):
                 mutated.append(True)
-            return (x, new_rest, cache_kv), None
+            return x, new_rest, new_kv
 
-        cache_kv = None if cache is None else (cache.k, cache.v)
-        xs = (params, jnp.asarray(flags), jnp.arange(c.num_layers))
-        (x, rest, cache_kv), _ = jax.lax.scan(body, (x, rest, cache_kv), xs)
+        if layers is not None:
+            ks, vs = (None, None) if cache is None else (list(cache.k), list(cache.v))
+            for i, layer_params in enumerate(layers):
+                layer_cache = None if cache is None else (ks[i], vs[i])
+                x, rest, new_kv = run_layer(x, rest, layer_params, flags[i], layer_cache)
+                if cache is not None:
+                    ks[i] = jax.lax.dynamic_update_slice(ks[i], new_kv[0], (0, index, 0, 0))
+                    vs[i] = jax.lax.dynamic_update_slice(vs[i], new_kv[1], (0, index, 0, 0))
+            cache_kv = None if cache is None else (tuple(ks), tuple(vs))
+        else:
+            uniform = bool(flags.all() or not flags.any())
+
+            def body(carry, xs):
+                x, rest, cache_kv = carry
+                layer_params, is_sliding, layer = xs
+                layer_cache = None
+                if cache_kv is not None:
+                    layer_cache = tuple(jax.lax.dynamic_index_in_dim(a, layer, keepdims=False) for a in cache_kv)
+                x, rest, new_kv = run_layer(x, rest, layer_params, flags[0] if uniform else is_sliding,
+                                            layer_cache)
+                if cache_kv is not None:
+                    cache_kv = tuple(jax.lax.dynamic_update_slice(a, n[None], (layer, 0, index, 0, 0))
+                                     for a, n in zip(cache_kv, new_kv))
+                return (x, rest, cache_kv), None
+
+            cache_kv = None if cache is None else (cache.k, cache.v)
+            xs = (params, jnp.asarray(flags), jnp.arange(c.num_layers))
+            (x, rest, cache_kv), _ = jax.lax.scan(body, (x, rest, cache_kv), xs)
         if mutated:
             nnx.update(self.layers, rest)
         return x, cache_kv

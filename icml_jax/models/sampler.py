@@ -2,6 +2,11 @@
 
 Model state is an argument of both programs (never closed over), so new weights need no recompilation, and
 prompt lengths and cache sizes are rounded up to buckets so a run compiles a handful of programs.
+The prefill scans the stacked layers. The decode loop does too, except on CPU (`unroll_layers`), where XLA
+copies each scanned layer's weights out of the stack before its matmuls: a batch-1 decode step is bound by
+reading the weights, so the copy doubles it. There the decode program slices the layers once per call, before
+its loop (one extra copy of the block weights while it runs), and runs them unrolled (compile time linear in
+depth, a forward pass of one token).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from icml_jax.models.decoder import Decoder, KVCache, init_cache
+from icml_jax.models.decoder import Decoder, KVCache, init_cache, stack_cache, unstack_cache
 
 Array = jax.Array
 
@@ -62,11 +67,15 @@ def _prefill(graphdef, state, tokens, mask, rng, *, slots: int, sampling: Sampli
     return sample_logits(logits, rng, sampling), out.cache
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "sampling"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "sampling", "unroll_layers"),
+                   donate_argnames=("cache",))
 def _decode(graphdef, state, cache: KVCache, first: Array, rng: Array, eos_ids: Array, pad_id: Array,
-            *, max_new_tokens: int, sampling: SamplingConfig):
+            *, max_new_tokens: int, sampling: SamplingConfig, unroll_layers: bool):
     """Feeds back one token at a time until every row has emitted EOS or `max_new_tokens` tokens exist."""
     model = nnx.merge(graphdef, state)
+    layers = None
+    if unroll_layers:  # sliced once, outside the loop (see the module docstring)
+        layers, cache = model.unstacked_layers(), unstack_cache(cache)
     batch = first.shape[0]
     out = jnp.full((batch, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(first)
     done = jnp.isin(first, eos_ids)
@@ -80,7 +89,7 @@ def _decode(graphdef, state, cache: KVCache, first: Array, rng: Array, eos_ids: 
         step, cache, out, done, lengths, rng = carry
         rng, key = jax.random.split(rng)
         last = out[:, step - 1]
-        result = model(last[:, None], cache=cache, compute_logits=False)
+        result = model(last[:, None], cache=cache, compute_logits=False, layers=layers)
         token = sample_logits(model.logits(result.hidden[:, -1]), key, sampling)
         token = jnp.where(done, pad_id, token)
         out = jax.lax.dynamic_update_slice(out, token[:, None], (0, step))
@@ -90,6 +99,8 @@ def _decode(graphdef, state, cache: KVCache, first: Array, rng: Array, eos_ids: 
 
     carry = (jnp.int32(1), cache, out, done, lengths, rng)
     _, cache, out, done, lengths, _ = jax.lax.while_loop(cond, body, carry)
+    if unroll_layers:
+        cache = stack_cache(cache)
     return out, lengths, cache  # returning the cache lets XLA update the donated buffers in place
 
 
@@ -119,8 +130,12 @@ def generate_tokens(
     pad_id: int = 0,
     seed: int = 0,
     min_prompt_bucket: int = 16,
+    unroll_layers: bool | None = None,
 ) -> GenerationResult:
-    """Continues each token-id prompt; prompts are left-padded to a common bucketed length."""
+    """Continues each token-id prompt; prompts are left-padded to a common bucketed length.
+
+    `unroll_layers`: run the decode loop's layers unrolled from per-layer slices (None: on CPU; see the module
+    docstring)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate_tokens needs at least one prompt and no empty prompt")
     if max_new_tokens < 1:
@@ -137,8 +152,10 @@ def generate_tokens(
     first, cache = _prefill(graphdef, state, jnp.asarray(tokens), jnp.asarray(mask), rng_prefill,
                             slots=length + new_bucket, sampling=sampling)
     eos = jnp.asarray(sorted(set(int(e) for e in eos_ids)) or [-1], jnp.int32)
+    if unroll_layers is None:
+        unroll_layers = jax.default_backend() == "cpu"
     out, lengths, _ = _decode(graphdef, state, cache, first, rng_decode, eos, jnp.int32(pad_id),
-                           max_new_tokens=max_new_tokens, sampling=sampling)
+                              max_new_tokens=max_new_tokens, sampling=sampling, unroll_layers=unroll_layers)
     return GenerationResult(np.asarray(out), np.asarray(lengths))
 
 

@@ -43,9 +43,10 @@ def reference_greedy(model, prompts, steps):
     return np.stack(out, 1)
 
 
-def test_cached_greedy_equals_uncached_argmax(model):
+@pytest.mark.parametrize("unroll_layers", [True, False])  # the CPU default, and the scanned decode of accelerators
+def test_cached_greedy_equals_uncached_argmax(model, unroll_layers):
     prompts = [[5, 17, 33, 8, 61, 12, 9], [40, 3, 77]]  # different lengths: the second row is left-padded
-    result = S.generate_tokens(model, prompts, max_new_tokens=32)
+    result = S.generate_tokens(model, prompts, max_new_tokens=32, unroll_layers=unroll_layers)
     expected = reference_greedy(model, prompts, 32)
     np.testing.assert_array_equal(result.tokens, expected)
     assert (result.lengths == 32).all()
