@@ -5,11 +5,13 @@ joint PPO step and the Planner / Trigger act functions, with the default observa
 15 memories + "none" = 16 Trigger options; warm-up and PPO batches of 4, one row per act call). Weights are
 random (compile time does not depend on their values). Each (depth, function) runs in a fresh process, lowered
 and compiled `--repeats` times after `jax.clear_caches()`; the minimum is reported (the machine is shared, so
-timings are noisy), with the optimized program's instruction count, which load does not change. `--before DIR` also runs a checkout of older code (e.g. a git worktree of
-an earlier commit) through the same measurement, for a before/after table.
+timings are noisy), with the optimized program's instruction count, which load does not change, and the
+worker's peak resident memory. `--before DIR` also runs a checkout of older code (e.g. `git worktree add
+/tmp/icml_old <commit>`) through the same measurement, for a before/after table; a worker past `--timeout`
+or `--max-rss-gb` is stopped and reported as not compiled.
 
     python scripts/benchmark_compile.py --layers 8 30
-    python scripts/benchmark_compile.py --layers 8 30 --repeats 3 --before /tmp/icml_old --timeout 1800
+    python scripts/benchmark_compile.py --layers 8 30 --repeats 3 --before /tmp/icml_old --timeout 1500
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def measure(num_layers: int, functions: list[str], repeats: int, length: int, op
             opt_state = step.tx.init(trainable)
             if agent == "planner":
                 tokens, mask = planner_rows(batch)
-                data = {"tokens": tokens, "mask": mask, "label": spec((batch,), f32), "value_target": spec((batch,), f32)}
+                data = {"tokens": tokens, "mask": mask, "label": spec((batch,), f32),
+                        "value_target": spec((batch,), f32)}
             else:
                 tokens, mask, cand = trigger_rows(batch)
                 data = {"tokens": tokens, "mask": mask, "cand_mask": cand, "target": spec((batch,), i32),
@@ -192,8 +195,8 @@ def main() -> None:
     results = {(label, n, name): run_worker(code, n, name, repeats[label], args)
                for label, code in codes.items() for n in args.layers for name in args.functions}
     lo, hi = min(args.layers), max(args.layers)
-    print(f"compile seconds (min of {args.repeats}; before: {args.before_repeats}), SmolLM2-135M shapes, bf16, LoRA r8 (dropout 0.1), "
-          f"length {args.length}, {args.options} Trigger options, batch {args.batch}; {os.cpu_count()} CPUs")
+    print(f"compile seconds (min of {args.repeats}; before: {args.before_repeats}), SmolLM2-135M shapes, bf16, "
+          f"LoRA r8 (dropout 0.1), length {args.length}, {args.options} Trigger options, batch {args.batch}; {os.cpu_count()} CPUs")
     header = ["function"] + [f"{label} {n}L" for label in codes for n in args.layers]
     header += [f"{label} {hi}/{lo}" for label in codes]
     print(" | ".join(header))
