@@ -79,7 +79,9 @@ def get_config() -> ml_collections.ConfigDict:
         fresh_memory=True,
         reply_temperature=0.7,
         reply_max_tokens=256,
+        note_max_tokens=128,  # length cap of a memory note (online, and the expert data's via the synthesis)
     ))
+    config.synthesis.note_max_tokens = config.learner.get_ref("note_max_tokens")
     config.online = ml_collections.ConfigDict(dict(
         greedy_eval=False,  # evaluate the sampling policy the agent acts with online
         eval_before=True,  # held-out evaluation before and after online learning

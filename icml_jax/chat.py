@@ -115,6 +115,7 @@ def load_model(workdir: str | Path) -> ChatModel:
         observation=ObservationConfig(**config.observation.to_dict()), greedy=True,
         reply_temperature=float(learner.get("reply_temperature", 0.7)),
         reply_max_tokens=int(learner.get("reply_max_tokens", 256)),
+        note_max_tokens=int(learner.get("note_max_tokens", 128)),
         policy_version=str(meta.get("policy_version", checkpoint.name)))
     speakers = (str(world.get("user_speaker", "user")), str(world.get("assistant_speaker", "assistant")))
     return ChatModel(workdir, checkpoint, note, policies, tokenizer, generator, agent_config, speakers)

@@ -267,7 +267,8 @@ def _learner(config: ml_collections.ConfigDict):
     from icml_jax.rl.learner import LearnerConfig
 
     agent = AgentConfig(observation=_observation(config), reply_temperature=config.learner.reply_temperature,
-                        reply_max_tokens=config.learner.reply_max_tokens)
+                        reply_max_tokens=config.learner.reply_max_tokens,
+                        note_max_tokens=int(config.learner.get("note_max_tokens", 128)))
     return LearnerConfig(ppo=_ppo(config), reward=_reward(config), agent=agent,
                          update_every=config.learner.update_every, seed=config.seed,
                          user_speaker=user_speaker(config), fresh_memory=config.learner.fresh_memory)
@@ -422,7 +423,6 @@ def stage_online(run: Run) -> dict[str, Any]:
     every user's memory, the data stream's position and the before-evaluation come back; metrics written after
     that checkpoint were already cut by `run`.
     """
-    from icml_jax.agents.agent import AgentConfig
     from icml_jax.data.stream import EVAL_OFFSET, held_out_episodes, online_stream
     from icml_jax.llm.judges import ProxyJudge, QualityJudge
     from icml_jax.llm.registry import make_backend
@@ -437,7 +437,7 @@ def stage_online(run: Run) -> dict[str, Any]:
     same = config.llm.judge.to_dict() == config.llm.generator.to_dict()
     judge = generator if same else make_backend(config.llm.judge)  # one client when both roles are one back end
     learner_cfg = _learner(config)
-    agent_cfg = AgentConfig(observation=learner_cfg.agent.observation)
+    agent_cfg = learner_cfg.agent  # the held-out agent writes replies and notes as the online one does
 
     def held_out_eval(seen: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         if not held_out:

@@ -19,12 +19,12 @@ from icml_jax import main as job
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_config(name: str) -> ml_collections.ConfigDict:
-    """configs/<name>.py's get_config(), loaded by path as config_flags does."""
+def load_config(name: str, *args: str) -> ml_collections.ConfigDict:
+    """configs/<name>.py's get_config(*args), loaded by path as config_flags does (`--config=FILE:ARG`)."""
     spec = importlib.util.spec_from_file_location(f"test_configs_{name}", ROOT / "configs" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.get_config()
+    return module.get_config(*args)
 
 
 def tiny_demo() -> ml_collections.ConfigDict:
@@ -40,9 +40,22 @@ def read_metrics(workdir: Path) -> list[dict]:
     return [json.loads(line) for line in (workdir / job.METRICS_FILE).read_text().splitlines()]
 
 
-def test_demo_runs_end_to_end(tmp_path):
+def test_demo_runs_end_to_end(tmp_path, monkeypatch):
+    from icml_jax.rl import learner
+
+    seen_configs, real_evaluate = [], learner.evaluate
+
+    def spy(*args, agent_config=None, **kw):
+        seen_configs.append(agent_config)
+        return real_evaluate(*args, agent_config=agent_config, **kw)
+
+    monkeypatch.setattr(learner, "evaluate", spy)
+    config = tiny_demo()
+    config.learner.reply_max_tokens, config.learner.note_max_tokens, config.learner.reply_temperature = 40, 24, 0.5
     out = io.StringIO()
-    summary = job.run(tiny_demo(), tmp_path, out=out)
+    summary = job.run(config, tmp_path, out=out)
+    # the held-out agent writes replies and notes as the online one does (lengths, temperature, observation)
+    assert seen_configs == [job._learner(config).agent] * 2 and seen_configs[0].note_max_tokens == 24
     assert list(summary) == ["synthesize", "warmup", "online"]
     rows = read_metrics(tmp_path)
     stages = [r["stage"] for r in rows]
@@ -76,7 +89,7 @@ def test_demo_runs_end_to_end(tmp_path):
 
     # a finished run started again does nothing but report
     again = io.StringIO()
-    assert job.run(tiny_demo(), tmp_path, out=again) == job.json_safe(summary)  # as progress.json keeps it
+    assert job.run(config, tmp_path, out=again) == job.json_safe(summary)  # as progress.json keeps it
     assert read_metrics(tmp_path) == rows and "per session" in again.getvalue()
 
 
@@ -195,6 +208,8 @@ def test_dataset_configs_load_with_gemini_back_ends():
     base = load_config("base")
     assert tuple(base.mode) == ("synthesize", "warmup", "online")
     assert base.warmup.learning_rate == 2e-5 and base.rl.ppo.actor_lr == 1e-6 and base.synthesis.num_seeds == 84
+    base.learner.note_max_tokens = 40  # one knob caps the online notes and the expert data's
+    assert base.synthesis.note_max_tokens == 40 and job._learner(base).agent.note_max_tokens == 40
 
 
 def test_smollm2_demo_config_uses_the_fetched_model_for_policies_and_replies(tmp_path):
@@ -209,6 +224,16 @@ def test_smollm2_demo_config_uses_the_fetched_model_for_policies_and_replies(tmp
     assert config.llm.synthesizer.kind == "offline" and config.llm.judge.kind == "offline"
     if is_converted(path, "smollm2-135m-instruct"):
         assert job.validate(config, tmp_path / "work") == ("synthesize", "warmup", "online")
+    # the comparison arms: same episodes, observation and back ends; only the policies' backbone (and writer) swap
+    tiny, offline = load_config("demo_smollm2", "tiny"), load_config("demo_smollm2", "tiny_offline")
+    demo = load_config("demo")
+    for arm in (tiny, offline):
+        assert (arm.model.kind, arm.model.hidden, arm.model.layers) == ("tiny", demo.model.hidden, demo.model.layers)
+        assert arm.data.to_dict() == config.data.to_dict() and arm.observation == config.observation
+        assert arm.synthesis.to_dict() == config.synthesis.to_dict() and arm.llm.judge.kind == "offline"
+    assert tiny.llm.generator.to_dict() == config.llm.generator.to_dict() and offline.llm.generator.kind == "offline"
+    with pytest.raises(ValueError, match="unknown arm 'big'"):
+        load_config("demo_smollm2", "big")
 
 
 def test_pretrained_checkpoint_passes_checks_and_builds(tmp_path):

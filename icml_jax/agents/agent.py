@@ -92,6 +92,7 @@ class AgentConfig:
     greedy: bool = False  # True: argmax decisions (evaluation); False: sample (online learning)
     reply_temperature: float = 0.7
     reply_max_tokens: int = 256
+    note_max_tokens: int = 128  # length cap of a saved turn's memory note
     policy_version: str = "0"
 
 
@@ -175,7 +176,7 @@ class MemoryAgent:
             (fragment,) = save_turns(
                 self.store, self.condenser, user_id,
                 [TurnToSave(episode_id, session, turn, utterance, tuple(history), planner.decision_id)],
-                policy_version=cfg.policy_version)
+                policy_version=cfg.policy_version, note_max_tokens=cfg.note_max_tokens)
         receipt = Receipt(user_id, episode_id, session, turn, utterance, reply.text, trigger, planner, used,
                           fragment, cfg.policy_version)
         return reply.text, receipt

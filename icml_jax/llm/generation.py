@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,6 +14,8 @@ from icml_jax.llm.types import LLMBackend, LLMResponse
 logger = logging.getLogger(__name__)
 
 _MAX_NOTE_CHARS = 1000
+NOTE_MAX_TOKENS = 128  # default length cap of a memory note (two sentences need far fewer)
+_SENTENCE = re.compile(r"[^.!?]+[.!?]*")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,16 +36,32 @@ class Condensed:
     response: LLMResponse
 
 
-def condense_turns(backend: LLMBackend, items: Sequence[CondenseInput]) -> list[Condensed]:
+def drop_repeated_sentences(text: str) -> str:
+    """`text` with whitespace collapsed and every sentence after its first occurrence dropped: small models
+    (e.g. SmolLM2-135M, greedy) loop on one sentence until the token cap, which would fill a note with copies."""
+    seen: set[str] = set()
+    kept = []
+    for match in _SENTENCE.finditer(" ".join(text.split())):
+        sentence = match.group().strip()
+        key = sentence.lower()
+        if sentence and key not in seen:
+            seen.add(key)
+            kept.append(sentence)
+    return " ".join(kept)
+
+
+def condense_turns(backend: LLMBackend, items: Sequence[CondenseInput], *,
+                   max_output_tokens: int = NOTE_MAX_TOKENS) -> list[Condensed]:
     """Turn saved user turns into short third-person notes (the offline back end keeps the turn text).
 
     An empty answer (e.g. a blocked candidate) falls back to the turn text itself, with `fallback=True` and a
-    warning, so a save decision never produces an empty memory.
+    warning, so a save decision never produces an empty memory. Repeated sentences are dropped.
     """
-    requests = [prompts.condense_request(x.turn_text, x.history, metadata=x.metadata) for x in items]
+    requests = [prompts.condense_request(x.turn_text, x.history, metadata=x.metadata,
+                                         max_output_tokens=max_output_tokens) for x in items]
     out: list[Condensed] = []
     for item, resp in zip(items, backend.generate(requests), strict=True):
-        note = " ".join(resp.text.split())
+        note = drop_repeated_sentences(resp.text)
         if not note:
             logger.warning(
                 "%s back end returned an empty note (finish_reason=%s); keeping the turn text as the memory",

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from icml_jax.llm.generation import CondenseInput, Condensed, condense_turns
+from icml_jax.llm.generation import NOTE_MAX_TOKENS, CondenseInput, Condensed, condense_turns
 from icml_jax.llm.prompts import Dialogue
 from icml_jax.llm.types import LLMBackend
 from icml_jax.memory.fragment import Fragment, NewFragment
@@ -26,10 +26,12 @@ class TurnToSave:
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def condense(backend: LLMBackend, turns: Sequence[TurnToSave]) -> list[Condensed]:
+def condense(backend: LLMBackend, turns: Sequence[TurnToSave], *,
+             max_output_tokens: int = NOTE_MAX_TOKENS) -> list[Condensed]:
     """The notes `save_turns` stores for `turns` (one batched back-end call). The synthesis condenses the expert
     data's memories with it too, so the warm-up trains on the memories the Trigger sees online."""
-    return condense_turns(backend, [CondenseInput(t.text, t.history) for t in turns])
+    return condense_turns(backend, [CondenseInput(t.text, t.history) for t in turns],
+                          max_output_tokens=max_output_tokens)
 
 
 def save_turns(
@@ -39,6 +41,7 @@ def save_turns(
     turns: Sequence[TurnToSave],
     *,
     policy_version: str,
+    note_max_tokens: int = NOTE_MAX_TOKENS,
 ) -> list[Fragment]:
     """Condense `turns` (one batched back-end call, outside any DB lock) and append them in one transaction.
 
@@ -48,7 +51,7 @@ def save_turns(
     """
     if not turns:
         return []
-    condensed = condense(backend, turns)
+    condensed = condense(backend, turns, max_output_tokens=note_max_tokens)
     drafts = []
     for t, c in zip(turns, condensed, strict=True):
         extra = dict(t.extra)

@@ -99,7 +99,8 @@ def synthesize(config: SynthesisConfig | ml_collections.ConfigDict | dict, backe
         if config.condense_memories:
             episodes, examples, condensed[split] = condense_expert_data(episodes, examples, condenser,
                                                                         user_speaker=user,
-                                                                        batch_size=config.batch_size)
+                                                                        batch_size=config.batch_size,
+                                                                        max_output_tokens=config.note_max_tokens)
         files[dataset.episodes_path(out, split).name] = dataset.write_records(
             dataset.episodes_path(out, split), [e.to_json() for e in episodes])
         files[dataset.trigger_path(out, split).name] = dataset.write_records(

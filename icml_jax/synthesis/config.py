@@ -68,6 +68,7 @@ class SynthesisConfig:
       condense_memories: turn the expert data's memories (Trigger candidates, expert saves) into notes with the
         online memory writer and back end, as the Trigger sees them online (`icml_jax.synthesis.memories`);
         False: raw turn texts.
+      note_max_tokens: length cap of a condensed note (the online agent's `learner.note_max_tokens`).
       heldout_fraction: share of seeds (all their storylines) kept out of training for the warm-up's metrics.
       world: the persona world whose vocabulary and speaker labels are used (and whose templates the offline
         back end writes with).
@@ -92,6 +93,7 @@ class SynthesisConfig:
     soft_negatives: int = 3
     none_examples_per_episode: int = 1
     condense_memories: bool = True
+    note_max_tokens: int = 128
     heldout_fraction: float = 0.2
     world: PersonaWorldConfig = dataclasses.field(default_factory=PersonaWorldConfig)
     offline: OfflineWorldConfig = dataclasses.field(default_factory=OfflineWorldConfig)

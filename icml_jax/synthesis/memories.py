@@ -45,7 +45,7 @@ def memory_turns(episodes: Sequence[Episode], examples: Sequence[TriggerExample]
 
 
 def condense_memories(episodes: Sequence[Episode], keys: Sequence[Key], backend: LLMBackend, *,
-                      batch_size: int) -> dict[Key, tuple[str, bool]]:
+                      batch_size: int, max_output_tokens: int = 128) -> dict[Key, tuple[str, bool]]:
     """{(episode id, turn): (note, fell back to the turn text)} from the memory writer's condensation: the turn
     with its session's dialogue before it, as the online agent saves it. Identical inputs are asked once."""
     by_id = {ep.episode_id: ep for ep in episodes}
@@ -65,7 +65,8 @@ def condense_memories(episodes: Sequence[Episode], keys: Sequence[Key], backend:
     notes: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, bool]] = {}
     for start in range(0, len(unique), batch_size):
         chunk = unique[start:start + batch_size]
-        for inputs, c in zip(chunk, condense(backend, [todo[i] for i in chunk]), strict=True):
+        for inputs, c in zip(chunk, condense(backend, [todo[i] for i in chunk],
+                                                  max_output_tokens=max_output_tokens), strict=True):
             notes[inputs] = (c.text, c.fallback)
     return {key: notes[inputs] for key, inputs in which.items()}
 
@@ -107,11 +108,11 @@ def examples_with_memories(examples: Sequence[TriggerExample],
 
 
 def condense_expert_data(episodes: Sequence[Episode], examples: Sequence[TriggerExample], backend: LLMBackend, *,
-                         user_speaker: str, batch_size: int) -> tuple[list[Episode], list[TriggerExample],
-                                                                      dict[str, Any]]:
+                         user_speaker: str, batch_size: int, max_output_tokens: int = 128,
+                         ) -> tuple[list[Episode], list[TriggerExample], dict[str, Any]]:
     """One split's episodes and Trigger examples with condensed memories, and counts for the manifest."""
     keys = memory_turns(episodes, examples, user_speaker)
-    notes = condense_memories(episodes, keys, backend, batch_size=batch_size)
+    notes = condense_memories(episodes, keys, backend, batch_size=batch_size, max_output_tokens=max_output_tokens)
     new_examples, dropped = examples_with_memories(examples, notes)
     stats = {"memories": len(notes), "fallbacks": sum(fb for _, fb in notes.values()),
              "negatives_dropped_as_duplicates": dropped}

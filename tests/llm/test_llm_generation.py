@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from icml_jax.llm import (
     TASK_CONDENSE,
@@ -24,6 +26,7 @@ from icml_jax.llm import (
     parse_json_text,
 )
 from icml_jax.llm import prompts
+from icml_jax.llm.generation import drop_repeated_sentences
 
 
 def test_condense_offline_keeps_turn_text():
@@ -48,6 +51,44 @@ def test_condense_empty_answer_falls_back_to_turn_text(caplog):
     (c,) = condense_turns(_Empty(), [CondenseInput("I moved to Oslo.")])
     assert c.text == "I moved to Oslo." and c.fallback
     assert "empty note" in caplog.text
+
+
+class _Looping:
+    """A small model's greedy note: one sentence over and over until the token cap; records the requests."""
+
+    name = "looping"
+    usage = TokenUsage()
+
+    def __init__(self) -> None:
+        self.requests: list[LLMRequest] = []
+
+    def generate(self, requests):
+        self.requests += requests
+        return [LLMResponse(text="The user is a chef.  the user is a chef.\nThe user is a chef. Likes\tfish")
+                for _ in requests]
+
+    def close(self):
+        pass
+
+
+def test_condense_caps_note_length_and_drops_repeated_sentences():
+    backend = _Looping()
+    (c,) = condense_turns(backend, [CondenseInput("I work as a chef.")], max_output_tokens=40)
+    assert c.text == "The user is a chef. Likes fish" and not c.fallback
+    assert [r.max_output_tokens for r in backend.requests] == [40]
+    condense_turns(backend, [CondenseInput("I work as a chef.")])
+    assert backend.requests[-1].max_output_tokens == 128  # the default cap
+
+
+@given(st.lists(st.sampled_from(["A b.", "a B.", "C!", "d?", " e", "\n", "f g h."]), max_size=12))
+def test_drop_repeated_sentences_keeps_each_sentence_once_in_order(parts):
+    text = " ".join(parts)
+    out = drop_repeated_sentences(text)
+    assert drop_repeated_sentences(out) == out  # idempotent
+    words = " ".join(text.split())
+    kept = [m.strip() for m in out.replace("!", "!|").replace("?", "?|").replace(".", ".|").split("|") if m.strip()]
+    assert len({k.lower() for k in kept}) == len(kept)  # no sentence twice (case-insensitive)
+    assert set(" ".join(out.split()).lower().split()) == set(words.lower().split())  # no word lost or invented
 
 
 def test_reply_uses_memory_and_prompt_contains_inputs():

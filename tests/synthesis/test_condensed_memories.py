@@ -14,7 +14,8 @@ from icml_jax.memory import MemoryStore, TurnToSave, save_turns
 from icml_jax.synthesis import SynthesisConfig, load_expert_data, synthesize
 
 CONFIG = SynthesisConfig(seed=5, num_seeds=4, storylines_per_seed=2, prequels_per_storyline=3, heldout_fraction=0.25,
-                         world=PersonaWorldConfig(seed=5, min_user_turns=3), hard_negatives=2, soft_negatives=2)
+                         world=PersonaWorldConfig(seed=5, min_user_turns=3), hard_negatives=2, soft_negatives=2,
+                         note_max_tokens=48)
 
 
 class NoteTaker(OfflineBackend):
@@ -25,13 +26,14 @@ class NoteTaker(OfflineBackend):
 
     def __init__(self, collapse: bool = False) -> None:
         super().__init__()
-        self.collapse, self.condensed = collapse, 0
+        self.collapse, self.condensed, self.note_caps = collapse, 0, set()
 
     def generate(self, requests):
         out = []
         for request, response in zip(requests, super().generate(requests), strict=True):
             if request.task == TASK_CONDENSE:
                 self.condensed += 1
+                self.note_caps.add(request.max_output_tokens)
                 note = "The user said something." if self.collapse else \
                     f"Note {hashlib.sha256(request.prompt.encode()).hexdigest()[:12]}."
                 response = LLMResponse(text=note)
@@ -49,14 +51,17 @@ def test_trigger_candidates_read_what_the_online_writer_stores(tmp_path):
     assert len(candidates) > 50 and manifest["memories"]["backend"]["name"] == "note-taker"
     assert manifest["memories"]["train"]["memories"] > 0 and manifest["memories"]["train"]["fallbacks"] == 0
     assert condenser.condensed <= sum(manifest["memories"][s]["memories"] for s in ("train", "heldout"))
+    assert condenser.note_caps == {CONFIG.note_max_tokens}
     with MemoryStore() as store:
         for i, c in enumerate(candidates[:40]):
             ep = episodes[c.episode_id]
             session, ref = ep.sessions[c.ref[0]], TurnRef(*c.ref)
             history = tuple((t.speaker, t.text) for t in session.turns[: ref.turn])
-            (fragment,) = save_turns(store, NoteTaker(), f"u{i}",
+            online = NoteTaker()
+            (fragment,) = save_turns(store, online, f"u{i}",
                                      [TurnToSave(ep.episode_id, ref.session, ref.turn, c.source_text, history)],
-                                     policy_version="0")
+                                     policy_version="0", note_max_tokens=CONFIG.note_max_tokens)
+            assert online.note_caps == {CONFIG.note_max_tokens}
             assert c.source_text == session.turns[ref.turn].text
             assert c.text == fragment.text and c.text.startswith("Note ")  # what the online Trigger would read
     # the expert's saves carry their notes too (what the Planner's memory observation shows in the warm-up)
