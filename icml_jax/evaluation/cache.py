@@ -1,0 +1,121 @@
+"""An on-disk cache of back-end answers, so an evaluation that crashes or runs again never asks a back end the
+same thing twice.
+
+`CachedBackend` wraps any `LLMBackend`. A request's key is the SHA-256 of everything that determines its answer:
+the caller's `namespace` (the back end's config block, e.g. model and sampling settings; never an API key) and
+every field of the request, metadata included (the offline back end answers from it). Answers live in one
+SQLite file (`<workdir>/eval/cache.sqlite`); misses go to the back end in chunks, and each chunk is committed
+as soon as it is answered, so a crash loses at most the chunk in flight. Failures are not cached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from icml_jax.llm.types import LLMBackend, LLMRequest, LLMResponse, TokenUsage
+
+_SCHEMA = "CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, namespace TEXT NOT NULL, response TEXT NOT NULL)"
+
+
+def request_key(namespace: str, request: LLMRequest) -> str:
+    """The cache key of `request` under `namespace` (hex SHA-256 of a canonical JSON of both)."""
+    fields = dataclasses.asdict(request)
+    try:
+        blob = json.dumps({"namespace": namespace, "request": fields}, sort_keys=True, ensure_ascii=False,
+                          allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"response cache: request (task {request.task!r}) has a field that is not JSON: {exc}") \
+            from None
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+class ResponseCache:
+    """Key -> LLMResponse in a SQLite file; safe to share between threads of one process."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(_SCHEMA)
+        self._db.commit()
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, LLMResponse]:
+        """The cached responses among `keys`."""
+        out: dict[str, LLMResponse] = {}
+        with self._lock:
+            for start in range(0, len(keys), 500):
+                chunk = list(keys[start:start + 500])
+                rows = self._db.execute(f"SELECT key, response FROM answers WHERE key IN ({','.join('?' * len(chunk))})",
+                                        chunk).fetchall()
+                for key, blob in rows:
+                    out[key] = LLMResponse(**json.loads(blob))
+        return out
+
+    def put_many(self, namespace: str, items: Mapping[str, LLMResponse]) -> None:
+        """Stores `items` in one transaction (committed before returning)."""
+        rows = [(k, namespace, json.dumps(dataclasses.asdict(r), ensure_ascii=False)) for k, r in items.items()]
+        with self._lock, self._db:
+            self._db.executemany("INSERT OR REPLACE INTO answers VALUES (?, ?, ?)", rows)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM answers").fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class CachedBackend:
+    """`backend` behind a `ResponseCache`: cached answers come from disk, the rest from the back end, `chunk`
+    requests per call, each chunk stored before the next is sent. `misses` counts the requests sent, `hits`
+    the others (hits + misses = requests answered)."""
+
+    def __init__(self, backend: LLMBackend, cache: ResponseCache, namespace: str | Mapping[str, Any], *,
+                 chunk: int = 64) -> None:
+        if chunk < 1:
+            raise ValueError(f"CachedBackend: chunk must be >= 1, got {chunk}")
+        self.backend, self.cache, self.chunk = backend, cache, chunk
+        self.namespace = namespace if isinstance(namespace, str) else json.dumps(namespace, sort_keys=True)
+        self.name = backend.name
+        self.hits = self.misses = 0
+
+    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResponse]:
+        """Answers in order; identical requests in one call are asked once."""
+        keys = [request_key(self.namespace, r) for r in requests]
+        found = self.cache.get_many(list(dict.fromkeys(keys)))
+        todo = {k: r for k, r in zip(keys, requests, strict=True) if k not in found}
+        self.hits += len(keys) - len(todo)  # every request not sent: cached, or a repeat within this call
+        self.misses += len(todo)
+        pending = list(todo.items())
+        for start in range(0, len(pending), self.chunk):
+            part = pending[start:start + self.chunk]
+            answers = self.backend.generate([r for _, r in part])
+            if len(answers) != len(part):
+                raise RuntimeError(f"{self.backend.name} back end answered {len(answers)} of {len(part)} requests")
+            new = {k: a for (k, _), a in zip(part, answers, strict=True)}
+            self.cache.put_many(self.namespace, new)
+            found.update(new)
+        return [found[k] for k in keys]
+
+    @property
+    def usage(self) -> TokenUsage:
+        """What the wrapped back end spent (cache hits cost nothing)."""
+        return self.backend.usage
+
+    def close(self) -> None:
+        """Closes the wrapped back end; the cache is closed by its owner."""
+        self.backend.close()
+
+
+__all__ = ["CachedBackend", "ResponseCache", "request_key"]
