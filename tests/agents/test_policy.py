@@ -56,21 +56,19 @@ def test_trigger_statistics_match_numpy_and_ignore_padding(policies, tokenizer):
 def test_sampling_uses_the_same_numbers_and_follows_the_probabilities(policies, tokenizer):
     tokens, mask, cand = trigger_batch(tokenizer, [["i like my dog", "no meat please", "paris trip"]])
     graphdef, state = nnx.split(policies)
-    counts = np.zeros(4)
-    for i in range(300):
-        action, stats = trigger_act(graphdef, state, tokens, mask, cand, jax.random.key(i))
-        counts[int(action[0])] += 1
-        if i < 3:  # eager calls of the scanned decoder re-trace its scan: check the first few only
-            again = trigger_evaluate(policies, *map(jnp.asarray, (tokens, mask, cand, np.asarray(action))))
-            np.testing.assert_allclose(float(stats.logp[0]), float(again.logp[0]), rtol=1e-6)
+    n = 400  # one row repeated: every row draws with its own key, so one call gives n independent draws
+    tile = lambda a: np.repeat(a, n, axis=0)  # noqa: E731
+    action, stats = trigger_act(graphdef, state, tile(tokens), tile(mask), tile(cand), jax.random.key(0))
+    action = np.asarray(action)
+    again = trigger_evaluate(policies, *map(jnp.asarray, (tokens, mask, cand, action[:1])))
+    np.testing.assert_allclose(float(stats.logp[0]), float(again.logp[0]), rtol=1e-6)  # the same numbers
     probs = np.asarray(stats.probs[0])
-    np.testing.assert_allclose(counts / 300, probs, atol=0.09)
+    np.testing.assert_allclose(np.bincount(action, minlength=4) / n, probs, atol=0.08)
     greedy, _ = trigger_act(graphdef, state, tokens, mask, cand, jax.random.key(0), greedy=True)
     assert int(greedy[0]) == int(np.argmax(probs))
     p_tokens, p_mask = obs.encode_planner(tokenizer, ["i like my dog"], CFG)
-    saves = [int(planner_act(graphdef, state, p_tokens, p_mask, jax.random.key(i))[0][0]) for i in range(200)]
-    p_save = float(planner_act(graphdef, state, p_tokens, p_mask, jax.random.key(0))[1].probs[0])
-    assert abs(np.mean(saves) - p_save) < 0.12
+    saves, p_stats = planner_act(graphdef, state, tile(p_tokens), tile(p_mask), jax.random.key(1))
+    assert abs(np.mean(np.asarray(saves)) - float(p_stats.probs[0])) < 0.08
 
 
 def test_compilations_stay_at_the_number_of_buckets(policies, tokenizer):
