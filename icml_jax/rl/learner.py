@@ -99,7 +99,8 @@ class SessionCounts:
 
 
 def pooled_metrics(counts: Iterable[SessionCounts], prefix: str = "labels") -> dict[str, float]:
-    """Planner precision / recall and trigger recall over pooled counts (NaN where a denominator is 0)."""
+    """Planner precision / recall / miss and false-positive rates and trigger recall over pooled counts (NaN where
+    a denominator is 0)."""
     total = SessionCounts("*", -1)
     for c in counts:
         total.add(c)
@@ -108,6 +109,10 @@ def pooled_metrics(counts: Iterable[SessionCounts], prefix: str = "labels") -> d
         f"{prefix}/planner_precision": ratio(total.correct_saves, total.saves),
         f"{prefix}/planner_recall": ratio(total.correct_saves, total.gold_saves),
         f"{prefix}/trigger_recall": ratio(total.recalled, total.needed),
+        # Table 8: high-value turns (y_p) not saved, and other turns saved
+        f"{prefix}/planner_miss_rate": ratio(total.gold_saves - total.correct_saves, total.gold_saves),
+        f"{prefix}/planner_false_positive_rate": ratio(total.saves - total.correct_saves,
+                                                        total.turns - total.gold_saves),
         f"{prefix}/save_rate": ratio(total.saves, total.turns),
         f"{prefix}/needed_pairs": float(total.needed),
         f"{prefix}/reward_quality": ratio(total.quality_sum, total.quality_n),

@@ -266,3 +266,5 @@ def test_saving_an_already_saved_fact_counts_as_a_duplicate():
     assert [c.duplicate_saves for c in counts] == [0, 1, 0]
     pooled = pooled_metrics(counts, "m")
     assert pooled["m/duplicate_saves"] == 1.0 and pooled["m/duplicate_save_rate"] == pytest.approx(1 / 4)
+    # 2 high-value turns, both saved; 3 others, 2 of them saved
+    assert pooled["m/planner_miss_rate"] == 0.0 and pooled["m/planner_false_positive_rate"] == pytest.approx(2 / 3)
