@@ -31,6 +31,7 @@ COLUMNS = (
     ("online: planner precision", "online", "before/eval/planner_precision", "after/eval/planner_precision"),
     ("online: planner recall", "online", "before/eval/planner_recall", "after/eval/planner_recall"),
     ("online: trigger recall", "online", "before/eval/trigger_recall", "after/eval/trigger_recall"),
+    ("online: needed pairs (count)", "online", "before/eval/needed_pairs", "after/eval/needed_pairs"),
 )
 
 

@@ -16,7 +16,7 @@ from flax import nnx
 
 from icml_jax.agents import observation as obs
 from icml_jax.agents.policy import MemoryPolicies, planner_act, trigger_act
-from icml_jax.llm.generation import ReplyInput, generate_replies
+from icml_jax.llm.generation import Reply, ReplyInput, generate_replies
 from icml_jax.llm.types import LLMBackend
 from icml_jax.memory.fragment import Fragment
 from icml_jax.memory.store import MemoryStore
@@ -120,7 +120,7 @@ class MemoryAgent:
         self.key, key = jax.random.split(self.key)
         return key
 
-    def step(
+    def respond(
         self,
         user_id: str,
         utterance: str,
@@ -130,15 +130,15 @@ class MemoryAgent:
         session: int = 0,
         turn: int = 0,
         metadata: Mapping[str, Any] | None = None,
-    ) -> tuple[str, Receipt]:
-        """Runs one turn for `user_id` and returns (reply, receipt).
+    ) -> tuple[TriggerDecision, Fragment | None, Reply]:
+        """The Trigger's choice among `user_id`'s memories for `utterance` and the reply it grounds; changes no
+        memory (the evaluation's final-session targets are answered with it).
 
         `metadata` travels with the back-end requests (the offline back end reads labels from it).
         """
         cfg = self.config
         graphdef, state = nnx.split(self.policies)
         base = f"{user_id}/{episode_id}/{session}/{turn}"
-
         candidates = self.store.candidates(user_id, utterance, cfg.observation.max_candidates)
         options = obs.trigger_texts(history, utterance, [f.text for f in candidates], cfg.observation)
         t_tokens, t_mask, t_cand = obs.encode_trigger(self.tokenizer, [options], cfg.observation)
@@ -157,7 +157,22 @@ class MemoryAgent:
             md.setdefault("used_ref", list(used.ref))
         (reply,) = generate_replies(self.generator, [ReplyInput(history, utterance, used.text if used else None, md)],
                                     temperature=cfg.reply_temperature, max_output_tokens=cfg.reply_max_tokens)
+        return trigger, used, reply
 
+    def remember(
+        self,
+        user_id: str,
+        utterance: str,
+        *,
+        history: Sequence[tuple[str, str]] = (),
+        episode_id: str = "chat",
+        session: int = 0,
+        turn: int = 0,
+    ) -> tuple[PlannerDecision, Fragment | None]:
+        """The Planner's save decision for `utterance` and, when it saves, the stored memory."""
+        cfg = self.config
+        graphdef, state = nnx.split(self.policies)
+        base = f"{user_id}/{episode_id}/{session}/{turn}"
         shown: list[str] = []
         if cfg.observation.planner_memories:  # M_k before this turn's save, the most similar few
             frags = self.store.fragments(user_id)
@@ -177,6 +192,23 @@ class MemoryAgent:
                 self.store, self.condenser, user_id,
                 [TurnToSave(episode_id, session, turn, utterance, tuple(history), planner.decision_id)],
                 policy_version=cfg.policy_version, note_max_tokens=cfg.note_max_tokens)
+        return planner, fragment
+
+    def step(
+        self,
+        user_id: str,
+        utterance: str,
+        *,
+        history: Sequence[tuple[str, str]] = (),
+        episode_id: str = "chat",
+        session: int = 0,
+        turn: int = 0,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> tuple[str, Receipt]:
+        """Runs one turn for `user_id` (`respond`, then `remember`) and returns (reply, receipt)."""
+        where = dict(history=history, episode_id=episode_id, session=session, turn=turn)
+        trigger, used, reply = self.respond(user_id, utterance, metadata=metadata, **where)
+        planner, fragment = self.remember(user_id, utterance, **where)
         receipt = Receipt(user_id, episode_id, session, turn, utterance, reply.text, trigger, planner, used,
-                          fragment, cfg.policy_version)
+                          fragment, self.config.policy_version)
         return reply.text, receipt
