@@ -120,7 +120,7 @@ class MemoryAgent:
         self.key, key = jax.random.split(self.key)
         return key
 
-    def respond(
+    def choose_memory(
         self,
         user_id: str,
         utterance: str,
@@ -129,13 +129,8 @@ class MemoryAgent:
         episode_id: str = "chat",
         session: int = 0,
         turn: int = 0,
-        metadata: Mapping[str, Any] | None = None,
-    ) -> tuple[TriggerDecision, Fragment | None, Reply]:
-        """The Trigger's choice among `user_id`'s memories for `utterance` and the reply it grounds; changes no
-        memory (the evaluation's final-session targets are answered with it).
-
-        `metadata` travels with the back-end requests (the offline back end reads labels from it).
-        """
+    ) -> tuple[TriggerDecision, Fragment | None]:
+        """The Trigger's choice among `user_id`'s memories (the lexical prefilter's candidates) for `utterance`."""
         cfg = self.config
         graphdef, state = nnx.split(self.policies)
         base = f"{user_id}/{episode_id}/{session}/{turn}"
@@ -150,14 +145,38 @@ class MemoryAgent:
             prob=float(probs[a]), logp=float(stats.logp[0]), entropy=float(stats.entropy[0]),
             value=float(stats.value[0]), probs=tuple(float(p) for p in probs[: len(options)]),
             tokens=t_tokens[0], mask=t_mask[0], cand_mask=t_cand[0])
-        used = candidates[a - 1] if a else None
+        return trigger, (candidates[a - 1] if a else None)
 
+    def write_reply(self, utterance: str, memory: Fragment | None, *, history: Sequence[tuple[str, str]] = (),
+                    metadata: Mapping[str, Any] | None = None) -> Reply:
+        """The generator's reply to `utterance` grounded in `memory` (None: no memory)."""
         md = dict(metadata or {})
-        if used is not None:
-            md.setdefault("used_ref", list(used.ref))
-        (reply,) = generate_replies(self.generator, [ReplyInput(history, utterance, used.text if used else None, md)],
+        if memory is not None:
+            md.setdefault("used_ref", list(memory.ref))
+        cfg = self.config
+        (reply,) = generate_replies(self.generator,
+                                    [ReplyInput(history, utterance, memory.text if memory else None, md)],
                                     temperature=cfg.reply_temperature, max_output_tokens=cfg.reply_max_tokens)
-        return trigger, used, reply
+        return reply
+
+    def respond(
+        self,
+        user_id: str,
+        utterance: str,
+        *,
+        history: Sequence[tuple[str, str]] = (),
+        episode_id: str = "chat",
+        session: int = 0,
+        turn: int = 0,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> tuple[TriggerDecision, Fragment | None, Reply]:
+        """`choose_memory` then `write_reply`; changes no memory.
+
+        `metadata` travels with the back-end requests (the offline back end reads labels from it).
+        """
+        trigger, used = self.choose_memory(user_id, utterance, history=history, episode_id=episode_id,
+                                           session=session, turn=turn)
+        return trigger, used, self.write_reply(utterance, used, history=history, metadata=metadata)
 
     def remember(
         self,

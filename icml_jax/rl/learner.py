@@ -135,7 +135,7 @@ def session_counts(episode: Episode, receipts: Sequence[Receipt]) -> list[Sessio
             receipt = by_ref.get((s, t))
             if turn.y_p:
                 c.gold_saves += 1
-            if receipt is not None:
+            if receipt is not None and receipt.planner is not None:  # None: a Trigger decision only (evaluation)
                 c.turns += 1
                 if receipt.planner.save:
                     c.saves += 1
