@@ -86,6 +86,11 @@ def get_config() -> ml_collections.ConfigDict:
         greedy_eval=False,  # evaluate the sampling policy the agent acts with online
         eval_before=True,  # held-out evaluation before and after online learning
     ))
+    config.eval = ml_collections.ConfigDict(dict(  # python -m icml_jax.evaluate (real datasets' protocol)
+        episodes=50,  # the protocol's episode count
+        selection="seeded",  # seeded | theanine (THEANINE's own 50 MSC / CC episodes)
+        seed=0,  # the seeded draw
+    ))
     config.checkpoint = ml_collections.ConfigDict(dict(
         every_episodes=10,  # online checkpoint interval (a multiple of learner.update_every); one more at the end
         keep=3,  # complete checkpoints kept in <workdir>/checkpoints

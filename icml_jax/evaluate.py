@@ -1,0 +1,131 @@
+"""Evaluate a trained agent on the paper's protocol and write `<workdir>/eval/`:
+
+    python -m icml_jax.evaluate --config=configs/demo.py --workdir=/tmp/icml_demo
+    python -m icml_jax.evaluate --config=configs/cc.py --workdir=DIR --checkpoint=DIR/warmup
+
+The policy is `<workdir>/policy` (else the warm-up checkpoint) or `--checkpoint`; greedy decisions, no
+learning. The episodes: the persona world's held-out ones (`config.data.eval_episodes`), or the protocol's 50
+of a real dataset (`config.eval`: seeded draw or THEANINE's ids). Every back-end answer is cached in
+`<workdir>/eval/cache.sqlite`, so a rerun or a resumed crash asks nothing twice. Reply metrics so far: BLEU-4
+and ROUGE-L; memory metrics (Table 8) where the data has labels; tokens and latencies.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+from absl import app, flags
+from tqdm.auto import tqdm
+
+EVAL_DIR = "eval"
+CACHE_FILE = "cache.sqlite"
+
+
+def eval_episodes(config: ml_collections.ConfigDict) -> list:
+    """The protocol's episodes for `config.data`: persona world held-out episodes, or a real dataset's 50."""
+    from icml_jax.data.protocol import load_eval_episodes
+    from icml_jax.data.stream import PERSONA_WORLD, held_out_episodes
+
+    if config.data.name == PERSONA_WORLD:
+        return held_out_episodes(config)
+    ev = config.get("eval") or ml_collections.ConfigDict()
+    if not config.data.get("data_dir"):
+        raise ValueError(f"evaluation on {config.data.name}: config.data.data_dir (the built TFDS data) is not set")
+    return load_eval_episodes(config.data.name, data_dir=config.data.data_dir, selection=ev.get("selection", "seeded"),
+                              seed=int(ev.get("seed", 0)), n=int(ev.get("episodes", 50)))
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for name in ("icml_jax", "jax", "flax", "sacrebleu", "rouge-score"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, checkpoint: str | Path | None = None,
+                     system: str = "icml") -> dict[str, Any]:
+    """Runs the evaluation of the policy in `workdir` (or `checkpoint`) and writes `<workdir>/eval/`; returns
+    results.json's content."""
+    import dataclasses
+
+    from icml_jax import main as job
+    from icml_jax.agents.agent import MemoryAgent
+    from icml_jax.chat import find_checkpoint
+    from icml_jax.data.stream import user_speaker
+    from icml_jax.evaluation.cache import CachedBackend, ResponseCache
+    from icml_jax.evaluation.protocol import PolicyAgent, play
+    from icml_jax.evaluation.report import write_outputs
+    from icml_jax.llm.registry import make_backend
+    from icml_jax.memory.store import MemoryStore
+    from icml_jax.train.checkpoint import load_warmup
+
+    workdir = Path(workdir).expanduser().absolute()
+    out_dir = workdir / EVAL_DIR
+    episodes = eval_episodes(config)
+    if not episodes:
+        raise ValueError(f"no evaluation episodes for data {config.data.name!r}")
+    ckpt = Path(checkpoint) if checkpoint else find_checkpoint(workdir)[0]
+    policies, tokenizer = job.build_models(config, workdir)
+    meta = load_warmup(ckpt, policies)
+    policies.eval()
+    agent_config = dataclasses.replace(job._learner(config).agent, greedy=True,
+                                       policy_version=str(meta.get("policy_version", ckpt.name)))
+    cache = ResponseCache(out_dir / CACHE_FILE)
+    generator = CachedBackend(make_backend(config.llm.generator), cache, config.llm.generator.to_dict())
+    count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    try:
+        with MemoryStore() as store:
+            agent = PolicyAgent(MemoryAgent(policies, tokenizer, store, generator, config=agent_config,
+                                            seed=int(config.seed)), name=system)
+            results = play(agent, episodes, user_speaker=user_speaker(config), count_tokens=count,
+                           progress=lambda xs: tqdm(xs, desc="evaluation episodes", unit="ep", leave=False))
+    finally:
+        generator.close()
+        cache.close()
+    setting = {"data": config.data.name, "episode_ids": [e.episode_id for e in episodes],
+               "checkpoint": str(ckpt), "generator": config.llm.generator.to_dict(), "seed": int(config.seed),
+               "greedy": True, "backend_requests": {"sent": generator.misses, "from_cache": generator.hits},
+               "versions": _versions(), "config": config.to_dict()}
+    return write_outputs(out_dir, results, system, setting)
+
+
+def cli() -> None:
+    """Runs with the main job's `--config` / `--workdir` flags (defined when `icml_jax.main` is imported) and
+    `--checkpoint`."""
+    from icml_jax import main as job
+
+    config_flag, workdir_flag = job._CONFIG, job._WORKDIR
+    checkpoint_flag = flags.DEFINE_string("checkpoint", None, "a policy checkpoint dir (default: <workdir>/policy)")
+
+    def main(argv: Sequence[str]) -> None:
+        """absl entry point; errors in the setting exit with status 2 and their message."""
+        if len(argv) > 1:
+            raise app.UsageError(f"unexpected arguments {argv[1:]}")
+        if config_flag.value is None or not workdir_flag.value:
+            raise app.UsageError("--config and --workdir are required")
+        from icml_jax.chat import ChatError
+
+        job.quiet_info_logs()
+        try:
+            content = evaluate_workdir(config_flag.value, workdir_flag.value, checkpoint=checkpoint_flag.value)
+        except (ValueError, ChatError) as exc:
+            print(f"evaluation error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        out = Path(workdir_flag.value).expanduser().absolute() / EVAL_DIR
+        gen = content["generation"]
+        print(f"{content['targets']} targets in {content['episodes']} episodes: BLEU-4 {gen['BLEU-4']:.2f}, "
+              f"ROUGE-L {gen['ROUGE-L']:.2f}; {out / 'results.md'}")
+
+    app.run(main)
+
+
+if __name__ == "__main__":
+    cli()

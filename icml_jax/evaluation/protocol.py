@@ -1,0 +1,188 @@
+"""Playing the evaluation protocol (after THEANINE): per episode, the agent builds its memory over sessions
+1..N-1, then answers every target turn t >= 1 of the final session from the gold turns 0..t-1 with the memory
+its Trigger picks; the reference is the gold turn t.
+
+An agent is anything with the `EvalAgent` methods, so the trained policies (`PolicyAgent`) and the baselines
+plug in alike. Earlier sessions are played decision by decision: the Trigger's choice (for trigger recall per
+session) and the Planner's save (memory construction) on every turn the agent acts on; their replies are not
+scored and not generated. The final session changes no memory. Timings are host wall time per call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable, Sequence
+from types import SimpleNamespace
+from typing import Any, Protocol
+
+from icml_jax.data.protocol import Target, final_session_targets
+from icml_jax.data.schema import Episode
+from icml_jax.rl.learner import SessionCounts, session_counts
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryChoice:
+    """Which memory an agent grounds a reply in (None: no memory), with its provenance and probability."""
+
+    memory_id: str | None
+    text: str | None
+    ref: tuple[str, int, int] | None  # (episode id, session, turn) of the turn the memory came from
+    prob: float | None  # the policy's probability of this choice; None for agents without one
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentReply:
+    """A target's generated reply, the memory it used and what it cost."""
+
+    text: str
+    memory: MemoryChoice
+    prompt_tokens: int
+    output_tokens: int
+    retrieval_ms: float  # choosing the memory
+    generation_ms: float  # writing the reply (back end)
+
+
+class EvalAgent(Protocol):
+    """What the protocol needs of a system under evaluation."""
+
+    name: str
+
+    def reset(self) -> None:
+        """Forget every user's memory (each episode is a new user)."""
+
+    def observe(self, user_id: str, episode: Episode, session: int, turn: int,
+                history: Sequence[tuple[str, str]]) -> tuple[MemoryChoice, bool, float]:
+        """One turn of an earlier session: the memory it would use for this turn, whether it saved the turn, and
+        the milliseconds the save decision and write took (memory construction)."""
+
+    def answer(self, user_id: str, episode: Episode, target: Target,
+               history: Sequence[tuple[str, str]]) -> AgentReply:
+        """The reply to the gold turn before `target`, given the gold `history` before that turn."""
+
+    def memory_texts(self, user_id: str) -> list[str]:
+        """The texts stored for `user_id` now (storage cost)."""
+
+
+class PolicyAgent:
+    """The trained Planner and Trigger (a `MemoryAgent`) behind the `EvalAgent` interface."""
+
+    def __init__(self, agent, name: str = "icml") -> None:
+        self.agent, self.name = agent, name
+
+    def reset(self) -> None:
+        for user in self.agent.store.user_ids():
+            self.agent.store.delete_user(user)
+
+    @staticmethod
+    def _choice(decision, used) -> MemoryChoice:
+        if used is None:
+            return MemoryChoice(None, None, None, decision.prob)
+        return MemoryChoice(used.fragment_id, used.text, tuple(used.ref), decision.prob)
+
+    def observe(self, user_id, episode, session, turn, history):
+        utterance = episode.sessions[session].turns[turn].text
+        where = dict(history=tuple(history), episode_id=episode.episode_id, session=session, turn=turn)
+        decision, used = self.agent.choose_memory(user_id, utterance, **where)
+        start = time.perf_counter()
+        planner, _ = self.agent.remember(user_id, utterance, **where)
+        return self._choice(decision, used), planner.save, 1e3 * (time.perf_counter() - start)
+
+    def answer(self, user_id, episode, target, history):
+        turns = episode.sessions[target.session].turns
+        utterance = turns[target.turn - 1].text
+        where = dict(history=tuple(history), episode_id=episode.episode_id, session=target.session,
+                     turn=target.turn - 1)
+        start = time.perf_counter()
+        decision, used = self.agent.choose_memory(user_id, utterance, **where)
+        mid = time.perf_counter()
+        metadata = {"target": [target.episode_id, target.session, target.turn]}
+        reply = self.agent.write_reply(utterance, used, history=tuple(history), metadata=metadata)
+        end = time.perf_counter()
+        return AgentReply(reply.text, self._choice(decision, used), reply.response.prompt_tokens,
+                          reply.response.output_tokens, 1e3 * (mid - start), 1e3 * (end - mid))
+
+    def memory_texts(self, user_id):
+        return [f.text for f in self.agent.store.fragments(user_id)]
+
+
+@dataclasses.dataclass
+class EpisodeResult:
+    """One episode under the protocol: target rows, per-session label counts, storage and timings."""
+
+    episode_id: str
+    targets: list[dict[str, Any]]
+    counts: list[SessionCounts]
+    storage_tokens: list[int]  # tokens of the stored memories after each earlier session
+    memories: list[int]  # memories stored after each earlier session
+    construction_ms: list[float]  # per observed turn
+
+
+def history_hash(history: Sequence[tuple[str, str]]) -> str:
+    """A short SHA-256 of a gold history, to tell targets with the same turn index apart in targets.jsonl."""
+    return hashlib.sha256(json.dumps(list(history), ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
+
+
+def play_episode(agent: EvalAgent, episode: Episode, *, user_speaker: str | None,
+                 count_tokens: Callable[[str], int]) -> EpisodeResult:
+    """Runs the protocol on one episode (see the module docstring); `user_speaker` = whose turns the agent acts
+    on in the earlier sessions (None: every turn)."""
+    if len(episode.sessions) < 2:
+        raise ValueError(f"evaluation episode {episode.episode_id} has {len(episode.sessions)} session(s); "
+                         "the protocol needs history sessions before the final one")
+    agent.reset()
+    user = episode.episode_id
+    receipts, storage, memories, construction = [], [], [], []
+    for s, session in enumerate(episode.sessions[:-1]):
+        history: list[tuple[str, str]] = []
+        for t, turn in enumerate(session.turns):
+            if user_speaker is None or turn.speaker == user_speaker:
+                choice, saved, ms = agent.observe(user, episode, s, t, history)
+                construction.append(ms)
+                receipts.append(_receipt(s, t, choice, saved))
+            history.append((turn.speaker, turn.text))
+        texts = agent.memory_texts(user)
+        storage.append(sum(count_tokens(x) for x in texts))
+        memories.append(len(texts))
+    final = len(episode.sessions) - 1
+    turns = episode.sessions[final].turns
+    rows = []
+    for target in final_session_targets(episode):
+        history = [(t.speaker, t.text) for t in turns[: target.turn - 1]]
+        reply = agent.answer(user, episode, target, history)
+        receipts.append(_receipt(final, target.turn - 1, reply.memory, None))
+        needed = [[n.session, n.turn] for n in turns[target.turn - 1].y_t or ()]
+        used_ref = list(reply.memory.ref[1:]) if reply.memory.ref else None
+        rows.append({
+            "episode_id": target.episode_id, "session": target.session, "turn": target.turn,
+            "speaker": target.speaker, "history_sha256": history_hash(history + [(turns[target.turn - 1].speaker,
+                                                                                  turns[target.turn - 1].text)]),
+            "utterance": turns[target.turn - 1].text, "memory_id": reply.memory.memory_id,
+            "memory": reply.memory.text, "memory_prob": reply.memory.prob, "memory_ref": used_ref,
+            "needed": needed, "recalled": (used_ref in needed) if needed else None,
+            "reply": reply.text, "reference": target.reference,
+            "prompt_tokens": reply.prompt_tokens, "output_tokens": reply.output_tokens,
+            "memory_tokens": count_tokens(reply.memory.text) if reply.memory.text else 0,
+            "retrieval_ms": reply.retrieval_ms, "generation_ms": reply.generation_ms,
+        })
+    return EpisodeResult(episode.episode_id, rows, session_counts(episode, receipts), storage, memories,
+                         construction)
+
+
+def _receipt(session: int, turn: int, choice: MemoryChoice, saved: bool | None) -> SimpleNamespace:
+    """What `session_counts` reads of a decision: where, whether the turn was saved, which memory was used."""
+    used = None if choice.ref is None else SimpleNamespace(ref=tuple(choice.ref))
+    planner = None if saved is None else SimpleNamespace(save=saved)
+    return SimpleNamespace(session=session, turn=turn, planner=planner, memory_used=used)
+
+
+def play(agent: EvalAgent, episodes: Iterable[Episode], *, user_speaker: str | None,
+         count_tokens: Callable[[str], int], progress: Callable[[Iterable], Iterable] = iter) -> list[EpisodeResult]:
+    """`play_episode` over `episodes`, in order (`progress` wraps the iteration, e.g. a tqdm bar)."""
+    return [play_episode(agent, e, user_speaker=user_speaker, count_tokens=count_tokens) for e in progress(episodes)]
+
+
+__all__ = ["AgentReply", "EpisodeResult", "EvalAgent", "MemoryChoice", "PolicyAgent", "history_hash", "play",
+           "play_episode"]

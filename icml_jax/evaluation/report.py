@@ -1,0 +1,153 @@
+"""An evaluation's numbers and files: `results.json` (everything, with its setting), `results.md` (the paper's
+Table 1 and Table 8 layouts), `targets.jsonl` (one row per target) and `efficiency.png` (storage tokens per
+session, latencies)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from icml_jax.evaluation.metrics import bleu4, rouge_l
+from icml_jax.evaluation.protocol import EpisodeResult
+from icml_jax.rl.learner import SessionCounts, pooled_metrics
+
+RESULTS_JSON, RESULTS_MD, TARGETS_JSONL, EFFICIENCY_PNG = "results.json", "results.md", "targets.jsonl", \
+    "efficiency.png"
+TABLE1 = ("BLEU-4", "ROUGE-L", "BERTScore", "MAUVE", "Engagingness", "Humanness", "Coherence", "Consistency",
+          "Memorability")
+TABLE8 = ("planner_precision", "planner_recall", "trigger_recall", "planner_miss_rate",
+          "planner_false_positive_rate")
+
+
+def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p95": None, "n": 0}
+    return {"p50": float(np.percentile(values, 50)), "p95": float(np.percentile(values, 95)), "n": len(values)}
+
+
+def _nan_to_none(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan_to_none(v) for v in value]
+    return value
+
+
+def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
+    """Generation, memory and efficiency figures of an evaluation. Latency percentiles leave out the first
+    episode when there are several (it compiles most of the programs)."""
+    rows = [r for e in results for r in e.targets]
+    if not rows:
+        raise ValueError("evaluation produced no targets")
+    replies, refs = [r["reply"] for r in rows], [r["reference"] for r in rows]
+    b, rl = bleu4(replies, refs), rouge_l(replies, refs)
+    generation = {"BLEU-4": b.value, "ROUGE-L": rl.value, "signatures": {"BLEU-4": b.signature, "ROUGE-L": rl.signature}}
+    n_sessions = max(len(e.counts) for e in results)
+    per_session = []
+    for s in range(n_sessions):
+        counts = [e.counts[s] for e in results if s < len(e.counts)]
+        row = {k.split("/", 1)[1]: v for k, v in pooled_metrics(counts, "m").items()}
+        storage = [e.storage_tokens[s] for e in results if s < len(e.storage_tokens)]
+        row["storage_tokens"] = float(np.mean(storage)) if storage else None
+        per_session.append({"session": s + 1, **row})
+    all_counts: list[SessionCounts] = [c for e in results for c in e.counts]
+    memory = {k.split("/", 1)[1]: v for k, v in pooled_metrics(all_counts, "m").items()}
+    warm = results[1:] if len(results) > 1 else results
+    efficiency = {
+        "inference_tokens_per_reply": float(np.mean([r["prompt_tokens"] for r in rows])),
+        "memory_tokens_per_reply": float(np.mean([r["memory_tokens"] for r in rows])),
+        "output_tokens_per_reply": float(np.mean([r["output_tokens"] for r in rows])),
+        "storage_tokens_per_session": [p["storage_tokens"] for p in per_session[:-1]],
+        "retrieval_ms": _percentiles([r["retrieval_ms"] for e in warm for r in e.targets]),
+        "construction_ms": _percentiles([ms for e in warm for ms in e.construction_ms]),
+        "generation_ms": _percentiles([r["generation_ms"] for e in warm for r in e.targets]),
+    }
+    return _nan_to_none({"targets": len(rows), "episodes": len(results), "generation": generation,
+                         "memory": memory, "memory_per_session": per_session, "efficiency": efficiency})
+
+
+def _fmt(value: Any, scale: float = 1.0) -> str:
+    return "-" if value is None else f"{scale * value:.2f}"
+
+
+def results_markdown(summary: Mapping[str, Any], system: str, setting: Mapping[str, Any]) -> str:
+    """Table 1 (reply metrics, percent; columns not computed show '-') and Table 8 (memory metrics per session,
+    percent) of one system, with the setting they were measured in."""
+    gen = summary["generation"]
+    lines = [f"# Evaluation of {system}", "",
+             f"{summary['episodes']} episodes, {summary['targets']} final-session targets; "
+             f"data: {setting.get('data')}; generator: {setting.get('generator')}; seed {setting.get('seed')}.", "",
+             "## Table 1: replies (percent)", "",
+             "| system | " + " | ".join(TABLE1) + " |", "|---|" + "---:|" * len(TABLE1),
+             f"| {system} | " + " | ".join(_fmt(gen.get(c)) for c in TABLE1) + " |", "",
+             f"BLEU-4: sacrebleu `{gen['signatures']['BLEU-4']}`; ROUGE-L: {gen['signatures']['ROUGE-L']}.", "",
+             "## Table 8: memory (percent; sessions 1..N-1 build the memory, N is the target session)", "",
+             "| session | " + " | ".join(TABLE8) + " | storage tokens |", "|---|" + "---:|" * (len(TABLE8) + 1)]
+    for row in summary["memory_per_session"]:
+        lines.append(f"| {row['session']} | " + " | ".join(_fmt(row.get(k), 100) for k in TABLE8) +
+                     f" | {_fmt(row.get('storage_tokens'))} |")
+    mem = summary["memory"]
+    lines.append("| all | " + " | ".join(_fmt(mem.get(k), 100) for k in TABLE8) + " | |")
+    eff = summary["efficiency"]
+
+    def ms(p: Mapping[str, Any]) -> str:
+        return "-" if p["p50"] is None else f"p50 {p['p50']:.1f} ms, p95 {p['p95']:.1f} ms over {p['n']}"
+
+    lines += ["", "## Efficiency (latencies leave out the first episode, which compiles)", "",
+              f"- tokens per reply: prompt {eff['inference_tokens_per_reply']:.1f} (memory "
+              f"{eff['memory_tokens_per_reply']:.1f} of it), output {eff['output_tokens_per_reply']:.1f}",
+              f"- memory retrieval per target: {ms(eff['retrieval_ms'])}",
+              f"- memory construction per observed turn: {ms(eff['construction_ms'])}",
+              f"- reply generation per target: {ms(eff['generation_ms'])}", ""]
+    return "\n".join(lines)
+
+
+def efficiency_plot(summary: Mapping[str, Any], path: Path) -> None:
+    """Storage tokens after each history session, and latency p50/p95, as one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    eff = summary["efficiency"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
+    storage = [x if x is not None else float("nan") for x in eff["storage_tokens_per_session"]]
+    a.plot(range(1, len(storage) + 1), storage, marker="o")
+    a.set_xlabel("session")
+    a.set_ylabel("stored memory tokens")
+    names = ["retrieval_ms", "construction_ms", "generation_ms"]
+    for i, q in enumerate(("p50", "p95")):
+        b.bar(np.arange(3) + 0.4 * i, [eff[n][q] or 0.0 for n in names], width=0.4, label=q)
+    b.set_xticks(np.arange(3) + 0.2, ["retrieval", "construction", "reply"])
+    b.set_ylabel("ms")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_outputs(out_dir: Path, results: Sequence[EpisodeResult], system: str,
+                  setting: Mapping[str, Any]) -> dict[str, Any]:
+    """Writes the four files into `out_dir`; returns results.json's content."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = summarize(results)
+    with open(out_dir / TARGETS_JSONL, "w", encoding="utf-8") as f:
+        for e in results:
+            for row in e.targets:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    content = {"system": system, "setting": dict(setting), **summary}
+    (out_dir / RESULTS_JSON).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out_dir / RESULTS_MD).write_text(results_markdown(summary, system, setting), encoding="utf-8")
+    efficiency_plot(summary, out_dir / EFFICIENCY_PNG)
+    return content
+
+
+__all__ = ["EFFICIENCY_PNG", "RESULTS_JSON", "RESULTS_MD", "TABLE1", "TABLE8", "TARGETS_JSONL", "results_markdown",
+           "summarize", "write_outputs"]
