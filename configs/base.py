@@ -90,6 +90,7 @@ def get_config() -> ml_collections.ConfigDict:
         episodes=50,  # the protocol's episode count
         selection="seeded",  # seeded | theanine (THEANINE's own 50 MSC / CC episodes)
         seed=0,  # the seeded draw
+        judge=True,  # rate every reply on the five dimensions with config.llm.judge
     ))
     config.checkpoint = ml_collections.ConfigDict(dict(
         every_episodes=10,  # online checkpoint interval (a multiple of learner.update_every); one more at the end

@@ -6,8 +6,9 @@
 The policy is `<workdir>/policy` (else the warm-up checkpoint) or `--checkpoint`; greedy decisions, no
 learning. The episodes: the persona world's held-out ones (`config.data.eval_episodes`), or the protocol's 50
 of a real dataset (`config.eval`: seeded draw or THEANINE's ids). Every back-end answer is cached in
-`<workdir>/eval/cache.sqlite`, so a rerun or a resumed crash asks nothing twice. Reply metrics so far: BLEU-4
-and ROUGE-L; memory metrics (Table 8) where the data has labels; tokens and latencies.
+`<workdir>/eval/cache.sqlite`, so a rerun or a resumed crash asks nothing twice. Reply metrics so far: BLEU-4,
+ROUGE-L and the judge's five dimensions (`config.llm.judge`; the offline judge is an oracle that reads labels);
+memory metrics (Table 8) where the data has labels; tokens and latencies.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
     from icml_jax.chat import find_checkpoint
     from icml_jax.data.stream import user_speaker
     from icml_jax.evaluation.cache import CachedBackend, ResponseCache
+    from icml_jax.evaluation.judging import judge_targets
+    from icml_jax.llm.judges import QualityJudge
     from icml_jax.evaluation.protocol import PolicyAgent, play
     from icml_jax.evaluation.report import write_outputs
     from icml_jax.llm.registry import make_backend
@@ -81,18 +84,30 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
     cache = ResponseCache(out_dir / CACHE_FILE)
     generator = CachedBackend(make_backend(config.llm.generator), cache, config.llm.generator.to_dict())
     count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    use_judge = bool((config.get("eval") or {}).get("judge", True))
+    judge_backend = CachedBackend(make_backend(config.llm.judge), cache, config.llm.judge.to_dict()) \
+        if use_judge else None
     try:
         with MemoryStore() as store:
             agent = PolicyAgent(MemoryAgent(policies, tokenizer, store, generator, config=agent_config,
                                             seed=int(config.seed)), name=system)
             results = play(agent, episodes, user_speaker=user_speaker(config), count_tokens=count,
                            progress=lambda xs: tqdm(xs, desc="evaluation episodes", unit="ep", leave=False))
+        if judge_backend is not None:
+            judge_targets(QualityJudge(judge_backend), results, episodes)
     finally:
         generator.close()
+        if judge_backend is not None:
+            judge_backend.close()
         cache.close()
+    backends = [b for b in (generator, judge_backend) if b is not None]
+    judge_block = config.llm.judge.to_dict() if use_judge else None
     setting = {"data": config.data.name, "episode_ids": [e.episode_id for e in episodes],
                "checkpoint": str(ckpt), "generator": config.llm.generator.to_dict(), "seed": int(config.seed),
-               "greedy": True, "backend_requests": {"sent": generator.misses, "from_cache": generator.hits},
+               "judge": (f"{judge_block.get('kind')} (an oracle: it reads the data's labels)"
+                         if judge_block and judge_block.get("kind") == "offline" else judge_block),
+               "greedy": True, "backend_requests": {"sent": sum(b.misses for b in backends),
+                                                    "from_cache": sum(b.hits for b in backends)},
                "versions": _versions(), "config": config.to_dict()}
     return write_outputs(out_dir, results, system, setting)
 

@@ -49,6 +49,11 @@ def test_evaluation_writes_recomputable_results_and_reruns_from_its_cache(warmed
     assert len(content["memory_per_session"]) == len(episodes[0].sessions)
     assert all(k in content["memory"] for k in TABLE8) and content["memory"]["needed_pairs"] > 0
     assert len(content["efficiency"]["storage_tokens_per_session"]) == len(episodes[0].sessions) - 1
+    # the judge's five dimensions, one verdict per target (the offline judge: an oracle reading the labels)
+    assert gen["judge"] == {"judged": len(rows), "failures": 0} and "oracle" in content["setting"]["judge"]
+    for dim in ("Engagingness", "Humanness", "Coherence", "Consistency", "Memorability"):
+        want = 100 * sum(r["judge"][dim.lower()] for r in rows) / len(rows)
+        assert gen[dim] == pytest.approx(want) and 0 <= gen[dim] <= 100
     md = (out / RESULTS_MD).read_text()
     assert "| BLEU-4 | ROUGE-L | BERTScore | MAUVE |" in md and "sacrebleu" in md
     assert (out / "efficiency.png").read_bytes()[:4] == b"\x89PNG"

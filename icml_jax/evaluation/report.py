@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from icml_jax.evaluation.metrics import bleu4, rouge_l
+from icml_jax.evaluation.metrics import JUDGE_DIMENSIONS, bleu4, rouge_l
 from icml_jax.evaluation.protocol import EpisodeResult
 from icml_jax.rl.learner import SessionCounts, pooled_metrics
 
@@ -49,6 +49,11 @@ def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
     replies, refs = [r["reply"] for r in rows], [r["reference"] for r in rows]
     b, rl = bleu4(replies, refs), rouge_l(replies, refs)
     generation = {"BLEU-4": b.value, "ROUGE-L": rl.value, "signatures": {"BLEU-4": b.signature, "ROUGE-L": rl.signature}}
+    judged = [r["judge"] for r in rows if r.get("judge")]
+    if any("judge" in r for r in rows):  # mean normalized score per dimension over the valid verdicts, percent
+        for dim in JUDGE_DIMENSIONS:
+            generation[dim.capitalize()] = 100.0 * float(np.mean([j[dim] for j in judged])) if judged else None
+        generation["judge"] = {"judged": len(judged), "failures": sum(1 for r in rows if r.get("judge_failure"))}
     n_sessions = max(len(e.counts) for e in results)
     per_session = []
     for s in range(n_sessions):
@@ -87,7 +92,9 @@ def results_markdown(summary: Mapping[str, Any], system: str, setting: Mapping[s
              "## Table 1: replies (percent)", "",
              "| system | " + " | ".join(TABLE1) + " |", "|---|" + "---:|" * len(TABLE1),
              f"| {system} | " + " | ".join(_fmt(gen.get(c)) for c in TABLE1) + " |", "",
-             f"BLEU-4: sacrebleu `{gen['signatures']['BLEU-4']}`; ROUGE-L: {gen['signatures']['ROUGE-L']}.", "",
+             f"BLEU-4: sacrebleu `{gen['signatures']['BLEU-4']}`; ROUGE-L: {gen['signatures']['ROUGE-L']}."
+             + (f" Judge ({setting.get('judge')}): mean normalized 1-5 score of {gen['judge']['judged']} replies, "
+                f"{gen['judge']['failures']} failed verdicts left out." if "judge" in gen else ""), "",
              "## Table 8: memory (percent; sessions 1..N-1 build the memory, N is the target session)", "",
              "| session | " + " | ".join(TABLE8) + " | storage tokens |", "|---|" + "---:|" * (len(TABLE8) + 1)]
     for row in summary["memory_per_session"]:

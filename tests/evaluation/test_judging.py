@@ -1,0 +1,59 @@
+"""The judge on evaluation targets: it sees history, utterance, reply and memory but never the system's name;
+an answer that stays invalid is a recorded failure, never a zero."""
+
+from __future__ import annotations
+
+import json
+
+from icml_jax.data.schema import Episode, Session, Turn
+from icml_jax.evaluation.judging import judge_targets
+from icml_jax.evaluation.protocol import EpisodeResult
+from icml_jax.llm.judges import QualityJudge
+from icml_jax.llm.types import LLMResponse, TokenUsage
+
+EPISODE = Episode("gapchat", "ep-7", (Session((Turn("A", "I got a puppy."), Turn("B", "Nice!"))),
+                                       Session((Turn("A", "Guess who chewed my shoes?"), Turn("B", "The puppy?"),
+                                                Turn("A", "Yes, Biscuit!")))))
+
+
+def row(turn: int, reply: str) -> dict:
+    turns = EPISODE.sessions[1].turns
+    return {"episode_id": "ep-7", "session": 1, "turn": turn, "utterance": turns[turn - 1].text, "reply": reply,
+            "memory": "A has a puppy.", "memory_ref": [0, 0], "needed": [[0, 0]]}
+
+
+class Recording:
+    """Scores 4 on every dimension, except replies containing 'garbled', answered with broken JSON."""
+
+    name = "recording"
+    usage = TokenUsage()
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+
+    def generate(self, requests):
+        out = []
+        for r in requests:
+            self.prompts.append(f"{r.system}\n{r.prompt}")
+            text = "{not json" if "garbled" in r.prompt else json.dumps(
+                {"reason": "fine", **{d: 4 for d in ("engagingness", "humanness", "coherence", "consistency",
+                                                     "memorability")}})
+            out.append(LLMResponse.answering(r, text))
+        return out
+
+    def close(self):
+        pass
+
+
+def test_judge_sees_the_reply_and_memory_but_not_the_system_and_records_failures():
+    backend = Recording()
+    result = EpisodeResult("ep-7", [row(1, "Was it your puppy?"), row(2, "garbled reply")], [], [], [], [])
+    judge_targets(QualityJudge(backend, max_attempts=2), [result], [EPISODE])
+    good, bad = result.targets
+    assert good["judge"] == {d: 0.75 for d in ("engagingness", "humanness", "coherence", "consistency",
+                                               "memorability")} and good["judge_failure"] is None
+    assert bad["judge"] is None and bad["judge_failure"]  # counted as a failure, not scored
+    assert len(backend.prompts) == 3  # the invalid answer was re-asked once
+    assert all("icml" not in p.lower() and "system under" not in p.lower() for p in backend.prompts)
+    assert "Was it your puppy?" in backend.prompts[0] and "A has a puppy." in backend.prompts[0]
+    assert "I got a puppy." not in backend.prompts[0]  # only the target session's gold history before the turn
