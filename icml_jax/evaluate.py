@@ -14,6 +14,7 @@ memory metrics (Table 8) where the data has labels; tokens and latencies.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,10 +52,16 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _name(path: Path) -> str:
+    """A file-name-safe label of a workdir."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in path.name) or "run"
+
+
 def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, checkpoint: str | Path | None = None,
-                     system: str = "icml") -> dict[str, Any]:
+                     system: str = "icml", against: str | Path | None = None) -> dict[str, Any]:
     """Runs the evaluation of the policy in `workdir` (or `checkpoint`) and writes `<workdir>/eval/`; returns
-    results.json's content."""
+    results.json's content. `against`: another evaluated workdir; the judge then also compares the two systems'
+    replies target by target (`pairwise_<this>_vs_<that>.{json,md}`)."""
     import dataclasses
 
     from icml_jax import main as job
@@ -63,7 +70,9 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
     from icml_jax.data.stream import user_speaker
     from icml_jax.evaluation.cache import CachedBackend, ResponseCache
     from icml_jax.evaluation.judging import judge_targets
-    from icml_jax.llm.judges import QualityJudge
+    from icml_jax.evaluation.pairwise import compare, write_pairwise
+    from icml_jax.evaluation.report import TARGETS_JSONL
+    from icml_jax.llm.judges import PairwiseJudge, QualityJudge
     from icml_jax.evaluation.protocol import PolicyAgent, play
     from icml_jax.evaluation.report import write_outputs
     from icml_jax.llm.registry import make_backend
@@ -72,6 +81,12 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
 
     workdir = Path(workdir).expanduser().absolute()
     out_dir = workdir / EVAL_DIR
+    other_rows = None
+    if against is not None:
+        other = Path(against).expanduser().absolute() / EVAL_DIR / TARGETS_JSONL
+        if not other.is_file():
+            raise ValueError(f"--against: {other} does not exist; evaluate that run first")
+        other_rows = [json.loads(line) for line in other.read_text(encoding="utf-8").splitlines() if line.strip()]
     episodes = eval_episodes(config)
     if not episodes:
         raise ValueError(f"no evaluation episodes for data {config.data.name!r}")
@@ -95,6 +110,11 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
                            progress=lambda xs: tqdm(xs, desc="evaluation episodes", unit="ep", leave=False))
         if judge_backend is not None:
             judge_targets(QualityJudge(judge_backend), results, episodes)
+        if other_rows is not None:
+            if judge_backend is None:
+                raise ValueError("--against needs the judge (config.eval.judge)")
+            pairwise = compare([row for r in results for row in r.targets], other_rows,
+                               PairwiseJudge(judge_backend), episodes, seed=int(config.seed))
     finally:
         generator.close()
         if judge_backend is not None:
@@ -109,7 +129,11 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
                "greedy": True, "backend_requests": {"sent": sum(b.misses for b in backends),
                                                     "from_cache": sum(b.hits for b in backends)},
                "versions": _versions(), "config": config.to_dict()}
-    return write_outputs(out_dir, results, system, setting)
+    content = write_outputs(out_dir, results, system, setting)
+    if other_rows is not None:
+        content["pairwise"] = write_pairwise(out_dir, pairwise, _name(workdir), _name(Path(against)),
+                                             {k: setting[k] for k in ("data", "judge", "seed")})
+    return content
 
 
 def cli() -> None:
@@ -119,6 +143,7 @@ def cli() -> None:
 
     config_flag, workdir_flag = job._CONFIG, job._WORKDIR
     checkpoint_flag = flags.DEFINE_string("checkpoint", None, "a policy checkpoint dir (default: <workdir>/policy)")
+    against_flag = flags.DEFINE_string("against", None, "another evaluated workdir: judge the two pairwise")
 
     def main(argv: Sequence[str]) -> None:
         """absl entry point; errors in the setting exit with status 2 and their message."""
@@ -130,7 +155,8 @@ def cli() -> None:
 
         job.quiet_info_logs()
         try:
-            content = evaluate_workdir(config_flag.value, workdir_flag.value, checkpoint=checkpoint_flag.value)
+            content = evaluate_workdir(config_flag.value, workdir_flag.value, checkpoint=checkpoint_flag.value,
+                                       against=against_flag.value)
         except (ValueError, ChatError) as exc:
             print(f"evaluation error: {exc}", file=sys.stderr)
             sys.exit(2)
@@ -138,6 +164,10 @@ def cli() -> None:
         gen = content["generation"]
         print(f"{content['targets']} targets in {content['episodes']} episodes: BLEU-4 {gen['BLEU-4']:.2f}, "
               f"ROUGE-L {gen['ROUGE-L']:.2f}; {out / 'results.md'}")
+        if "pairwise" in content and content["pairwise"]["preference"]:
+            p = content["pairwise"]["preference"]
+            print(f"vs {content['pairwise']['b']}: win {100 * p['win_rate']:.1f}%, tie {100 * p['tie_rate']:.1f}%, "
+                  f"lose {100 * p['loss_rate']:.1f}%, sign test p = {p['p_value']:.3g}")
 
     app.run(main)
 

@@ -64,6 +64,10 @@ def test_evaluation_writes_recomputable_results_and_reruns_from_its_cache(warmed
         "backend_requests"]["from_cache"]}
     assert again["generation"] == content["generation"] and again["memory"] == content["memory"]
     assert json.loads((out / RESULTS_JSON).read_text())["targets"] == len(rows)
+    # against itself: every target judged pairwise, all ties, the verdicts and the order on disk
+    versus = ev.evaluate_workdir(config, workdir, against=workdir)["pairwise"]
+    assert versus["preference"]["ties"] == len(rows) and versus["failures"] == 0
+    assert (out / f"pairwise_{workdir.name}_vs_{workdir.name}.md").is_file()
 
 
 def test_command_line(warmed, tmp_path):

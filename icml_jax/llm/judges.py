@@ -244,3 +244,18 @@ class QualityJudge(_Judge):
         normalized = {d: (raw[d] - 1) / 4.0 for d in self.dimensions}
         score = sum(self.weights[d] * normalized[d] for d in self.dimensions)
         return JudgeResult(score=score, dimensions=raw, normalized=normalized, reason=str(obj.get("reason", ""))), ""
+
+
+class PairwiseJudge(_Judge):
+    """Which of two replies is better: score 1.0 = the first shown, 0.0 = the second, 0.5 = a tie."""
+
+    kind = "pairwise"
+
+    def _validate(self, response: LLMResponse) -> tuple[JudgeResult | None, str]:
+        if response.parse_error is not None:
+            return None, response.parse_error
+        obj = response.parsed
+        better = obj.get("better") if isinstance(obj, dict) else None
+        if better not in ("1", "2", "tie"):
+            return None, f"'better' must be \"1\", \"2\" or \"tie\", got {better!r}"
+        return JudgeResult(score={"1": 1.0, "2": 0.0, "tie": 0.5}[better], reason=str(obj.get("reason", ""))), ""

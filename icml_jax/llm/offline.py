@@ -9,6 +9,8 @@ prompts can change freely):
 - quality_judge: when `metadata['label_needed']` is present (refs of the past turns y_t says the utterance needs;
   empty = none needed), scores depend on whether `metadata['used_ref']` (ref of the chosen memory's source turn,
   None = no memory) is one of them; otherwise a lexical heuristic of memory / utterance / reply overlap.
+- pairwise_judge: the side whose quality score (as above, from `metadata['used_refs']` or the heuristic) is
+  higher; equal scores are a tie.
 - synthesis_seed / synthesis_prequel / synthesis_annotate (Retrospective Session Synthesis): the storyline named
   by `metadata` (world, seed_id, facts, storyline, num_prequels; `prequel` or `session` + `sessions`), written
   and annotated from the persona world's templates by `icml_jax.synthesis.offline_world`.
@@ -26,6 +28,7 @@ from typing import Any
 from icml_jax.llm.prompts import QUALITY_DIMENSIONS, SYNTHESIS_TASKS
 from icml_jax.llm.types import (
     TASK_CONDENSE,
+    TASK_PAIRWISE_JUDGE,
     TASK_PROXY_JUDGE,
     TASK_QUALITY_JUDGE,
     TASK_REPLY,
@@ -210,6 +213,18 @@ class OfflineBackend:
                 )
                 reason = "lexical heuristic"
             return json.dumps({**{d: scores[d] for d in QUALITY_DIMENSIONS}, "reason": reason})
+        if request.task == TASK_PAIRWISE_JUDGE:  # the mean quality score of each side, as above; equal = tie
+            means = []
+            for i in range(2):
+                if md.get("label_needed") is not None:
+                    scores = _label_quality(list(md["label_needed"]), (md.get("used_refs") or [None, None])[i])
+                else:
+                    scores = _heuristic_quality(str(md.get("utterance", "")), str(md["replies"][i]),
+                                                md["memories"][i])
+                means.append(sum(scores.values()))
+            better = "tie" if means[0] == means[1] else ("1" if means[0] > means[1] else "2")
+            return json.dumps({"reason": "from labels" if md.get("label_needed") is not None else "heuristic",
+                               "better": better})
         if request.task in SYNTHESIS_TASKS:
             # Imported here: the synthesis package builds on this module (no import cycle at load time).
             from icml_jax.synthesis.offline_world import answer as synthesis_answer

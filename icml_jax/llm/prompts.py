@@ -12,7 +12,14 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from icml_jax.llm.types import TASK_CONDENSE, TASK_PROXY_JUDGE, TASK_QUALITY_JUDGE, TASK_REPLY, LLMRequest
+from icml_jax.llm.types import (
+    TASK_CONDENSE,
+    TASK_PAIRWISE_JUDGE,
+    TASK_PROXY_JUDGE,
+    TASK_QUALITY_JUDGE,
+    TASK_REPLY,
+    LLMRequest,
+)
 
 Dialogue = Sequence[tuple[str, str]]
 
@@ -207,6 +214,45 @@ def quality_judge_request(
         task=TASK_QUALITY_JUDGE,
         metadata=_md(base, metadata),
     )
+
+
+PAIRWISE_JUDGE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "reason": {"type": "string", "description": "one short sentence"},
+        "better": {"type": "string", "enum": ["1", "2", "tie"]},
+    },
+    "required": ["reason", "better"],
+}
+PAIRWISE_INSTRUCTION = (
+    "Two candidate replies of an assistant to the same user message follow, each with the memory about the user "
+    "it was given. Judge which reply is better overall: engaging, human, coherent, consistent with the dialogue "
+    "and with what is known about the user, and using past information correctly when it helps. Answer with a "
+    'JSON object: {"reason": one short sentence, "better": "1", "2" or "tie"}.'
+)
+
+
+def pairwise_judge_request(
+    history: Dialogue,
+    utterance: str,
+    first: tuple[str, str | None],
+    second: tuple[str, str | None],
+    *,
+    max_history_turns: int = 8,
+    max_output_tokens: int = 512,
+    metadata: Mapping[str, Any] | None = None,
+) -> LLMRequest:
+    """Ask which of two (reply, memory) pairs answers `utterance` better; they are shown as "1" and "2" only,
+    in the order given (callers randomize it), never with the systems' names."""
+    blocks = []
+    for i, (reply, memory) in enumerate((first, second), start=1):
+        blocks.append(f"Reply {i} (memory given: {memory.strip() if memory else '(none)'}):\n{reply}")
+    prompt = (f"{PAIRWISE_INSTRUCTION}\n\nRecent dialogue:\n{format_dialogue(history, max_history_turns)}\n\n"
+              f"User: {utterance}\n\n" + "\n\n".join(blocks))
+    base = {"utterance": utterance, "replies": [first[0], second[0]], "memories": [first[1], second[1]]}
+    return LLMRequest(prompt=prompt, system=QUALITY_SYSTEM, json_schema=PAIRWISE_JUDGE_SCHEMA,
+                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_PAIRWISE_JUDGE,
+                      metadata=_md(base, metadata))
 
 
 # --- Retrospective Session Synthesis (cold start): seed sessions, backward prequels, forward annotation. ---

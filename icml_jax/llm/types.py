@@ -15,6 +15,7 @@ TASK_CONDENSE = "condense"
 TASK_REPLY = "reply"
 TASK_PROXY_JUDGE = "proxy_judge"
 TASK_QUALITY_JUDGE = "quality_judge"
+TASK_PAIRWISE_JUDGE = "pairwise_judge"
 
 
 @dataclasses.dataclass(frozen=True)

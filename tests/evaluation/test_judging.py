@@ -57,3 +57,42 @@ def test_judge_sees_the_reply_and_memory_but_not_the_system_and_records_failures
     assert all("icml" not in p.lower() and "system under" not in p.lower() for p in backend.prompts)
     assert "Was it your puppy?" in backend.prompts[0] and "A has a puppy." in backend.prompts[0]
     assert "I got a puppy." not in backend.prompts[0]  # only the target session's gold history before the turn
+
+
+def test_pairwise_verdicts_map_back_to_a_through_random_order_and_refuse_misaligned_targets():
+    import pytest
+
+    from icml_jax.evaluation.pairwise import compare
+    from icml_jax.llm import OfflineBackend
+    from icml_jax.llm.judges import PairwiseJudge
+
+    def rows(reply, ref, n=12):
+        return [{**row(2, reply), "turn": t, "history_sha256": "h", "reference": "r", "utterance": "u",
+                 "memory_ref": ref, "memory": "A has a puppy." if ref else None} for t in range(1, n + 1)]
+
+    recorded = Recording()
+    offline = OfflineBackend()
+
+    class Both:  # the offline oracle answers; every prompt is kept to check what the judge saw
+        name, usage = "both", TokenUsage()
+
+        def generate(self, requests):
+            recorded.generate(requests)
+            return offline.generate(requests)
+
+        def close(self):
+            pass
+
+    episode = Episode("gapchat", "ep-7", EPISODE.sessions[:1] + (Session(EPISODE.sessions[1].turns * 5),))
+    good, bad = rows("Biscuit again?", [0, 0]), rows("Okay.", None)
+    result = compare(good, bad, PairwiseJudge(Both()), [episode], seed=3)
+    assert result.failures == 0 and {r["order"] for r in result.rows} == {"AB", "BA"}
+    assert all(r["outcome_for_a"] == 1 for r in result.rows)  # the needed memory wins whichever side shows it
+    assert result.preference.wins == 12 and result.preference.p_value < 0.001
+    flipped = compare(bad, good, PairwiseJudge(Both()), [episode], seed=3)
+    assert all(r["outcome_for_a"] == -1 for r in flipped.rows)
+    assert all("icml" not in p.lower() for p in recorded.prompts)
+    with pytest.raises(ValueError, match="different targets"):
+        compare(good, bad[:-1], PairwiseJudge(Both()), [episode])
+    with pytest.raises(ValueError, match="'reference'"):
+        compare(good, [{**r, "reference": "other"} for r in bad], PairwiseJudge(Both()), [episode])
