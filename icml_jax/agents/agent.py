@@ -150,14 +150,21 @@ class MemoryAgent:
     def write_reply(self, utterance: str, memory: Fragment | None, *, history: Sequence[tuple[str, str]] = (),
                     metadata: Mapping[str, Any] | None = None) -> Reply:
         """The generator's reply to `utterance` grounded in `memory` (None: no memory)."""
-        md = dict(metadata or {})
-        if memory is not None:
-            md.setdefault("used_ref", list(memory.ref))
+        return self.write_replies([(utterance, memory, history, metadata)])[0]
+
+    def write_replies(self, items: Sequence[tuple[str, Fragment | None, Sequence[tuple[str, str]],
+                                                  Mapping[str, Any] | None]]) -> list[Reply]:
+        """`write_reply` for several (utterance, memory, history, metadata) in one back-end call (a batch for the
+        local back end, requests in flight for Gemini)."""
+        inputs = []
+        for utterance, memory, history, metadata in items:
+            md = dict(metadata or {})
+            if memory is not None:
+                md.setdefault("used_ref", list(memory.ref))
+            inputs.append(ReplyInput(tuple(history), utterance, memory.text if memory else None, md))
         cfg = self.config
-        (reply,) = generate_replies(self.generator,
-                                    [ReplyInput(history, utterance, memory.text if memory else None, md)],
-                                    temperature=cfg.reply_temperature, max_output_tokens=cfg.reply_max_tokens)
-        return reply
+        return generate_replies(self.generator, inputs, temperature=cfg.reply_temperature,
+                                max_output_tokens=cfg.reply_max_tokens)
 
     def respond(
         self,

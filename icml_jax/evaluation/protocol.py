@@ -5,7 +5,9 @@ its Trigger picks; the reference is the gold turn t.
 An agent is anything with the `EvalAgent` methods, so the trained policies (`PolicyAgent`) and the baselines
 plug in alike. Earlier sessions are played decision by decision: the Trigger's choice (for trigger recall per
 session) and the Planner's save (memory construction) on every turn the agent acts on; their replies are not
-scored and not generated. The final session changes no memory. Timings are host wall time per call.
+scored and not generated. The final session changes no memory, so its replies are written in one back-end call
+(a batch for the local back end, concurrent requests for Gemini). Timings are host wall time: per Trigger
+call, per save decision, and per reply as the batch's time over its size.
 """
 
 from __future__ import annotations
@@ -58,9 +60,10 @@ class EvalAgent(Protocol):
         """One turn of an earlier session: the memory it would use for this turn, whether it saved the turn, and
         the milliseconds the save decision and write took (memory construction)."""
 
-    def answer(self, user_id: str, episode: Episode, target: Target,
-               history: Sequence[tuple[str, str]]) -> AgentReply:
-        """The reply to the gold turn before `target`, given the gold `history` before that turn."""
+    def answer(self, user_id: str, episode: Episode, targets: Sequence[Target],
+               histories: Sequence[Sequence[tuple[str, str]]]) -> list[AgentReply]:
+        """For each target, the reply to the gold turn before it given the gold history before that turn; the
+        memory does not change in between, so the replies may be generated together."""
 
     def memory_texts(self, user_id: str) -> list[str]:
         """The texts stored for `user_id` now (storage cost)."""
@@ -90,19 +93,21 @@ class PolicyAgent:
         planner, _ = self.agent.remember(user_id, utterance, **where)
         return self._choice(decision, used), planner.save, 1e3 * (time.perf_counter() - start)
 
-    def answer(self, user_id, episode, target, history):
-        turns = episode.sessions[target.session].turns
-        utterance = turns[target.turn - 1].text
-        where = dict(history=tuple(history), episode_id=episode.episode_id, session=target.session,
-                     turn=target.turn - 1)
+    def answer(self, user_id, episode, targets, histories):
+        chosen, items = [], []
+        for target, history in zip(targets, histories, strict=True):
+            utterance = episode.sessions[target.session].turns[target.turn - 1].text
+            start = time.perf_counter()
+            decision, used = self.agent.choose_memory(user_id, utterance, history=tuple(history),
+                                                      episode_id=episode.episode_id, session=target.session,
+                                                      turn=target.turn - 1)
+            chosen.append((self._choice(decision, used), 1e3 * (time.perf_counter() - start)))
+            items.append((utterance, used, history, {"target": [target.episode_id, target.session, target.turn]}))
         start = time.perf_counter()
-        decision, used = self.agent.choose_memory(user_id, utterance, **where)
-        mid = time.perf_counter()
-        metadata = {"target": [target.episode_id, target.session, target.turn]}
-        reply = self.agent.write_reply(utterance, used, history=tuple(history), metadata=metadata)
-        end = time.perf_counter()
-        return AgentReply(reply.text, self._choice(decision, used), reply.response.prompt_tokens,
-                          reply.response.output_tokens, 1e3 * (mid - start), 1e3 * (end - mid))
+        replies = self.agent.write_replies(items)  # one back-end call for the whole session
+        per_reply = 1e3 * (time.perf_counter() - start) / max(1, len(items))
+        return [AgentReply(r.text, choice, r.response.prompt_tokens, r.response.output_tokens, ms, per_reply)
+                for r, (choice, ms) in zip(replies, chosen, strict=True)]
 
     def memory_texts(self, user_id):
         return [f.text for f in self.agent.store.fragments(user_id)]
@@ -149,9 +154,10 @@ def play_episode(agent: EvalAgent, episode: Episode, *, user_speaker: str | None
     final = len(episode.sessions) - 1
     turns = episode.sessions[final].turns
     rows = []
-    for target in final_session_targets(episode):
-        history = [(t.speaker, t.text) for t in turns[: target.turn - 1]]
-        reply = agent.answer(user, episode, target, history)
+    targets = final_session_targets(episode)
+    histories = [[(t.speaker, t.text) for t in turns[: target.turn - 1]] for target in targets]
+    for target, history, reply in zip(targets, histories, agent.answer(user, episode, targets, histories),
+                                      strict=True):
         receipts.append(_receipt(final, target.turn - 1, reply.memory, None))
         needed = [[n.session, n.turn] for n in turns[target.turn - 1].y_t or ()]
         used_ref = list(reply.memory.ref[1:]) if reply.memory.ref else None
