@@ -52,6 +52,30 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _model_scores(config: ml_collections.ConfigDict, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """BERTScore and MAUVE of the replies against the references, for the model paths `config.eval` names."""
+    from icml_jax.evaluation.model_metrics import bertscore_f1, last_token_features, mauve_score
+
+    ev = config.get("eval") or ml_collections.ConfigDict()
+    replies, refs = [r["reply"] for r in rows], [r["reference"] for r in rows]
+    out: dict[str, Any] = {}
+    if ev.get("bertscore_model"):
+        out["BERTScore"] = bertscore_f1(replies, refs, model_path=ev.bertscore_model,
+                                        layer=int(ev.get("bertscore_layer", 17)))
+    if ev.get("mauve_model"):
+        import jax.numpy as jnp
+
+        from icml_jax.models import from_pretrained, load_tokenizer
+
+        path = str(ev.mauve_model)
+        model, tok = from_pretrained(path, dtype=jnp.float32), load_tokenizer(path)
+        n = int(ev.get("mauve_max_length", 256))
+        feats = [last_token_features(model, tok, texts, max_length=n) for texts in (replies, refs)]
+        out["MAUVE"] = mauve_score(*feats, seed=int(config.seed),
+                                   featurizer=f"last-token final hidden state of {Path(path).name}, {n} tokens")
+    return out
+
+
 def _name(path: Path) -> str:
     """A file-name-safe label of a workdir."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in path.name) or "run"
@@ -120,6 +144,7 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
         if judge_backend is not None:
             judge_backend.close()
         cache.close()
+    model_scores = _model_scores(config, [row for r in results for row in r.targets])
     backends = [b for b in (generator, judge_backend) if b is not None]
     judge_block = config.llm.judge.to_dict() if use_judge else None
     setting = {"data": config.data.name, "episode_ids": [e.episode_id for e in episodes],
@@ -129,7 +154,7 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
                "greedy": True, "backend_requests": {"sent": sum(b.misses for b in backends),
                                                     "from_cache": sum(b.hits for b in backends)},
                "versions": _versions(), "config": config.to_dict()}
-    content = write_outputs(out_dir, results, system, setting)
+    content = write_outputs(out_dir, results, system, setting, model_scores)
     if other_rows is not None:
         content["pairwise"] = write_pairwise(out_dir, pairwise, _name(workdir), _name(Path(against)),
                                              {k: setting[k] for k in ("data", "judge", "seed")})

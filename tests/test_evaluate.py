@@ -70,6 +70,34 @@ def test_evaluation_writes_recomputable_results_and_reruns_from_its_cache(warmed
     assert (out / f"pairwise_{workdir.name}_vs_{workdir.name}.md").is_file()
 
 
+def test_bertscore_and_mauve_from_local_models_recompute_from_targets(warmed, tmp_path):
+    from bert_score import score
+
+    from icml_jax.evaluation.model_metrics import last_token_features, mauve_score
+    from icml_jax.models import from_pretrained, load_tokenizer
+    from tests.evaluation.test_model_metrics import write_tiny_bert
+    from tests.models import hf_fixtures, tokenizer_fixtures
+
+    config, workdir = warmed
+    bert, llama = write_tiny_bert(tmp_path / "bert"), tmp_path / "llama"
+    hf_fixtures.build("llama", llama)
+    tokenizer_fixtures.build_tokenizer(llama)
+    config = config.copy_and_resolve_references()
+    config.eval.bertscore_model, config.eval.bertscore_layer, config.eval.mauve_model = str(bert), 2, str(llama)
+    content = ev.evaluate_workdir(config, workdir)
+    rows = [json.loads(line) for line in (workdir / ev.EVAL_DIR / TARGETS_JSONL).read_text().splitlines()]
+    replies, refs = [r["reply"] for r in rows], [r["reference"] for r in rows]
+    gen = content["generation"]
+    f1 = score(replies, refs, model_type=str(bert), num_layers=2, use_fast_tokenizer=True)[2]
+    assert gen["BERTScore"] == pytest.approx(100 * float(f1.mean()), abs=1e-4)
+    model, tok = from_pretrained(str(llama)), load_tokenizer(str(llama))
+    want = mauve_score(last_token_features(model, tok, replies), last_token_features(model, tok, refs),
+                       seed=int(config.seed)).value
+    assert gen["MAUVE"] == pytest.approx(want, abs=1e-6) and 0 <= gen["MAUVE"] <= 100
+    assert "layer 2" in gen["signatures"]["BERTScore"] and "llama" in gen["signatures"]["MAUVE"]
+    assert "not computed" not in (workdir / ev.EVAL_DIR / RESULTS_MD).read_text()
+
+
 def test_command_line(warmed, tmp_path):
     """`python -m icml_jax.evaluate` runs as users call it (flags shared with the main job), and an empty
     workdir is one clear error."""

@@ -40,15 +40,20 @@ def _nan_to_none(value: Any) -> Any:
     return value
 
 
-def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
-    """Generation, memory and efficiency figures of an evaluation. Latency percentiles leave out the first
-    episode when there are several (it compiles most of the programs)."""
+def summarize(results: Sequence[EpisodeResult],
+              model_scores: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Generation, memory and efficiency figures of an evaluation; `model_scores`: {"BERTScore" / "MAUVE":
+    a ModelScore} computed by the caller. Latency percentiles leave out the first episode when there are several
+    (it compiles most of the programs)."""
     rows = [r for e in results for r in e.targets]
     if not rows:
         raise ValueError("evaluation produced no targets")
     replies, refs = [r["reply"] for r in rows], [r["reference"] for r in rows]
     b, rl = bleu4(replies, refs), rouge_l(replies, refs)
     generation = {"BLEU-4": b.value, "ROUGE-L": rl.value, "signatures": {"BLEU-4": b.signature, "ROUGE-L": rl.signature}}
+    for name, score in (model_scores or {}).items():
+        generation[name] = score.value
+        generation["signatures"][name] = score.signature
     judged = [r["judge"] for r in rows if r.get("judge")]
     if any("judge" in r for r in rows):  # mean normalized score per dimension over the valid verdicts, percent
         for dim in JUDGE_DIMENSIONS:
@@ -93,6 +98,9 @@ def results_markdown(summary: Mapping[str, Any], system: str, setting: Mapping[s
              "| system | " + " | ".join(TABLE1) + " |", "|---|" + "---:|" * len(TABLE1),
              f"| {system} | " + " | ".join(_fmt(gen.get(c)) for c in TABLE1) + " |", "",
              f"BLEU-4: sacrebleu `{gen['signatures']['BLEU-4']}`; ROUGE-L: {gen['signatures']['ROUGE-L']}."
+             + "".join(f" {k}: {gen['signatures'][k]}." for k in ("BERTScore", "MAUVE") if k in gen['signatures'])
+             + (" BERTScore / MAUVE: not computed (set eval.bertscore_model / eval.mauve_model to local model "
+                "directories)." if not {"BERTScore", "MAUVE"} <= set(gen['signatures']) else "")
              + (f" Judge ({setting.get('judge')}): mean normalized 1-5 score of {gen['judge']['judged']} replies, "
                 f"{gen['judge']['failures']} failed verdicts left out." if "judge" in gen else ""), "",
              "## Table 8: memory (percent; sessions 1..N-1 build the memory, N is the target session)", "",
@@ -141,10 +149,10 @@ def efficiency_plot(summary: Mapping[str, Any], path: Path) -> None:
 
 
 def write_outputs(out_dir: Path, results: Sequence[EpisodeResult], system: str,
-                  setting: Mapping[str, Any]) -> dict[str, Any]:
+                  setting: Mapping[str, Any], model_scores: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Writes the four files into `out_dir`; returns results.json's content."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary = summarize(results)
+    summary = summarize(results, model_scores)
     with open(out_dir / TARGETS_JSONL, "w", encoding="utf-8") as f:
         for e in results:
             for row in e.targets:
