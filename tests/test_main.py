@@ -292,6 +292,18 @@ def test_gc_config_learns_online_on_built_gapchat_data(tmp_path):
     assert not [r for r in rows if r["stage"] == "eval"]  # real data has no labels to evaluate against
     assert sorted(int(p.name) for p in (tmp_path / "work" / job.CHECKPOINT_DIR).iterdir()) == [0, 2, 3]
 
+    # the evaluation protocol on the same fixtures: the pooled 4- and 5-session test files (4 episodes here)
+    from icml_jax import evaluate as ev
+    from icml_jax.data.protocol import load_eval_episodes
+
+    config.eval.episodes = 4
+    content = ev.evaluate_workdir(config, tmp_path / "work")
+    episodes = load_eval_episodes("gapchat", data_dir=tmp_path / "tfds", n=4)
+    assert content["episodes"] == 4 and content["targets"] == sum(len(e.sessions[-1].turns) - 1 for e in episodes)
+    assert content["generation"]["judge"]["failures"] == 0 and content["generation"]["BLEU-4"] >= 0
+    assert content["memory"]["trigger_recall"] is None  # GapChat has no y_t labels: not measurable, not 0
+    assert (tmp_path / "work" / ev.EVAL_DIR / "results.md").is_file()
+
 
 def test_crashes_in_the_evaluations_resume_to_the_same_run(tmp_path, monkeypatch):
     """A crash in the held-out evaluation before learning, then in the one after it (past the final checkpoint):
