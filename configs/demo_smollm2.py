@@ -8,8 +8,9 @@ offline storyline writer for the expert data, as in `configs/demo.py`. No networ
 
 Sizes are cut for 2 CPU cores (float32: bfloat16 is slower than float32 on XLA's CPU back end): every Planner
 row and every Trigger option runs the 30-layer backbone, forward and (LoRA) backward, so episodes, sessions,
-candidates and lengths are small. The learning rates are the demo's; LoRA B starts at zero, so the backbone
-starts exactly pretrained.
+candidates and lengths are small: the run takes about 12 minutes on 2 idle cores (709 s measured). The
+learning rates are the demo's; LoRA B starts at zero, so the backbone starts exactly pretrained. Results over 3
+seeds, and what they can and cannot show: `docs/benchmarks.md`.
 
 The argument after the file picks the policies' backbone, for comparing on the same episodes
 (`scripts/real_backbone_learning.py`):
