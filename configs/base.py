@@ -95,6 +95,7 @@ def get_config() -> ml_collections.ConfigDict:
         bertscore_layer=17,  # bert-score's layer for roberta-large
         mauve_model=placeholder(str),  # local HF decoder dir whose last-token hidden states feed MAUVE; None: skipped
         mauve_max_length=256,
+        prices={},  # optional cost estimate: {"generator": {"input": USD, "output": USD} per 1M tokens, "judge": ...}
     ))
     config.checkpoint = ml_collections.ConfigDict(dict(
         every_episodes=10,  # online checkpoint interval (a multiple of learner.update_every); one more at the end

@@ -76,6 +76,18 @@ def _model_scores(config: ml_collections.ConfigDict, rows: list[dict[str, Any]])
     return out
 
 
+def _usage(backend, turns: int, prices: Any) -> dict[str, Any]:
+    """A back end's calls and tokens over the evaluation (cached answers included: the cost of one run), per
+    turn the agent acted on or answered, and the estimated cost when `prices` = {"input": USD, "output": USD}
+    per million tokens is configured."""
+    used = dict(backend.answered)
+    out: dict[str, Any] = {**used, "per_turn": {k: v / turns for k, v in used.items()} if turns else None}
+    if prices:
+        out["estimated_usd"] = (used["prompt_tokens"] * float(prices["input"])
+                                + used["output_tokens"] * float(prices["output"])) / 1e6
+    return out
+
+
 def _name(path: Path) -> str:
     """A file-name-safe label of a workdir."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in path.name) or "run"
@@ -146,6 +158,9 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
         cache.close()
     model_scores = _model_scores(config, [row for r in results for row in r.targets])
     backends = [b for b in (generator, judge_backend) if b is not None]
+    turns = sum(len(r.construction_ms) + len(r.targets) for r in results)
+    llm_usage = {role: _usage(b, turns, (config.get("eval") or {}).get("prices", {}).get(role))
+                 for role, b in (("generator", generator), ("judge", judge_backend)) if b is not None}
     judge_block = config.llm.judge.to_dict() if use_judge else None
     setting = {"data": config.data.name, "episode_ids": [e.episode_id for e in episodes],
                "checkpoint": str(ckpt), "generator": config.llm.generator.to_dict(), "seed": int(config.seed),
@@ -153,6 +168,7 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
                          if judge_block and judge_block.get("kind") == "offline" else judge_block),
                "greedy": True, "backend_requests": {"sent": sum(b.misses for b in backends),
                                                     "from_cache": sum(b.hits for b in backends)},
+               "llm_usage": llm_usage,
                "versions": _versions(), "config": config.to_dict()}
     content = write_outputs(out_dir, results, system, setting, model_scores)
     if other_rows is not None:

@@ -57,12 +57,16 @@ def test_evaluation_writes_recomputable_results_and_reruns_from_its_cache(warmed
     md = (out / RESULTS_MD).read_text()
     assert "| BLEU-4 | ROUGE-L | BERTScore | MAUVE |" in md and "sacrebleu" in md
     assert (out / "efficiency.png").read_bytes()[:4] == b"\x89PNG"
+    usage = content["setting"]["llm_usage"]  # the run's own calls: every target's reply and verdict at least
+    assert usage["judge"]["calls"] == len(rows) and usage["generator"]["calls"] >= len(rows)
+    assert usage["generator"]["prompt_tokens"] > 0 and "estimated_usd" not in usage["generator"]
     sent = content["setting"]["backend_requests"]["sent"]
     assert sent > 0
     again = ev.evaluate_workdir(config, workdir)
     assert again["setting"]["backend_requests"] == {"sent": 0, "from_cache": sent + content["setting"][
         "backend_requests"]["from_cache"]}
     assert again["generation"] == content["generation"] and again["memory"] == content["memory"]
+    assert again["setting"]["llm_usage"] == usage  # cached answers still count as the evaluation's cost
     assert json.loads((out / RESULTS_JSON).read_text())["targets"] == len(rows)
     # against itself: every target judged pairwise, all ties, the verdicts and the order on disk
     versus = ev.evaluate_workdir(config, workdir, against=workdir)["pairwise"]

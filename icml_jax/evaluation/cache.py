@@ -89,6 +89,8 @@ class CachedBackend:
         self.namespace = namespace if isinstance(namespace, str) else json.dumps(namespace, sort_keys=True)
         self.name = backend.name
         self.hits = self.misses = 0
+        # what the answers cost, cached or not: the evaluation's own LLM calls and tokens, rerun or not
+        self.answered = {"calls": 0, "prompt_tokens": 0, "output_tokens": 0}
 
     def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResponse]:
         """Answers in order; identical requests in one call are asked once."""
@@ -106,7 +108,12 @@ class CachedBackend:
             new = {k: a for (k, _), a in zip(part, answers, strict=True)}
             self.cache.put_many(self.namespace, new)
             found.update(new)
-        return [found[k] for k in keys]
+        out = [found[k] for k in keys]
+        for r in out:
+            self.answered["calls"] += 1
+            self.answered["prompt_tokens"] += r.prompt_tokens
+            self.answered["output_tokens"] += r.output_tokens
+        return out
 
     @property
     def usage(self) -> TokenUsage:

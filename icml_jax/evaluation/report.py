@@ -120,7 +120,14 @@ def results_markdown(summary: Mapping[str, Any], system: str, setting: Mapping[s
               f"{eff['memory_tokens_per_reply']:.1f} of it), output {eff['output_tokens_per_reply']:.1f}",
               f"- memory retrieval per target: {ms(eff['retrieval_ms'])}",
               f"- memory construction per observed turn: {ms(eff['construction_ms'])}",
-              f"- reply generation per target: {ms(eff['generation_ms'])}", ""]
+              f"- reply generation per target: {ms(eff['generation_ms'])}"]
+    for role, u in (setting.get("llm_usage") or {}).items():
+        per = u.get("per_turn") or {}
+        cost = f", estimated {u['estimated_usd']:.4f} USD" if "estimated_usd" in u else ""
+        lines.append(f"- {role} back end: {u['calls']} calls, {u['prompt_tokens']} prompt + {u['output_tokens']} "
+                     f"output tokens ({per.get('calls', 0):.2f} calls and "
+                     f"{per.get('prompt_tokens', 0) + per.get('output_tokens', 0):.0f} tokens per turn){cost}")
+    lines.append("")
     return "\n".join(lines)
 
 
