@@ -133,11 +133,13 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
     agent_config = dataclasses.replace(job._learner(config).agent, greedy=True,
                                        policy_version=str(meta.get("policy_version", ckpt.name)))
     cache = ResponseCache(out_dir / CACHE_FILE)
-    generator = CachedBackend(make_backend(config.llm.generator), cache, config.llm.generator.to_dict())
+    remote = lambda block: block.get("kind") == "gemini"  # noqa: E731  (one request per call: nothing lost)
+    generator = CachedBackend(make_backend(config.llm.generator), cache, config.llm.generator.to_dict(),
+                              per_request=remote(config.llm.generator))
     count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     use_judge = bool((config.get("eval") or {}).get("judge", True))
-    judge_backend = CachedBackend(make_backend(config.llm.judge), cache, config.llm.judge.to_dict()) \
-        if use_judge else None
+    judge_backend = CachedBackend(make_backend(config.llm.judge), cache, config.llm.judge.to_dict(),
+                                  per_request=remote(config.llm.judge)) if use_judge else None
     try:
         with MemoryStore() as store:
             agent = PolicyAgent(MemoryAgent(policies, tokenizer, store, generator, config=agent_config,

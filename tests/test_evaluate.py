@@ -120,3 +120,62 @@ def test_command_line(warmed, tmp_path):
     assert "targets in" in done.stdout and "results.md" in done.stdout
     empty = subprocess.run([*cmd, f"--workdir={tmp_path}"], cwd=root, capture_output=True, text=True, timeout=300)
     assert empty.returncode == 2 and "no trained policy" in empty.stderr
+
+
+def test_through_gemini_on_loopback_a_crash_and_rerun_ask_no_request_twice(warmed, tmp_path, monkeypatch):
+    """Replies, notes and verdicts from the fake Gemini server; the server fails for good after 25 answers, the
+    rerun finishes, and every answer the server ever gave was asked for exactly once."""
+    import shutil
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    import ml_collections
+
+    from icml_jax.evaluation.cache import ResponseCache
+    from icml_jax.llm.types import BackendError
+    from tests.llm.conftest import TEST_KEY, FakeGemini, _handler, ok, status
+
+    config, workdir = warmed
+    work = tmp_path / "run"
+    shutil.copytree(workdir, work, ignore=shutil.ignore_patterns(ev.EVAL_DIR))
+    monkeypatch.setenv("GEMINI_API_KEY", TEST_KEY)
+    monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
+    verdict = json.dumps({"reason": "ok", "engagingness": 4, "humanness": 5, "coherence": 4, "consistency": 3,
+                          "memorability": 2})
+    state, lock, answered, limit = FakeGemini(), threading.Lock(), [0], [25]
+
+    def respond(body):
+        with lock:
+            if limit[0] is not None and answered[0] >= limit[0]:
+                return status(400, "simulated outage")
+            answered[0] += 1
+        return ok(verdict if "responseMimeType" in json.dumps(body) else "Sounds good, tell me more.")
+
+    state.responder = respond
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    server.daemon_threads = True
+    state.port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        config = config.copy_and_resolve_references()
+        block = dict(kind="gemini", model="gemini-2.5-flash", base_url=state.base_url, max_attempts=1,
+                     max_concurrency=4)
+        config.llm.generator = ml_collections.ConfigDict(block)
+        config.llm.judge = ml_collections.ConfigDict(block)
+        with pytest.raises(BackendError, match="simulated outage"):
+            ev.evaluate_workdir(config, work)
+        assert answered[0] == 25
+        limit[0] = None
+        content = ev.evaluate_workdir(config, work)
+    finally:
+        server.shutdown()
+        server.server_close()
+    cache = ResponseCache(work / ev.EVAL_DIR / ev.CACHE_FILE)
+    try:
+        assert answered[0] == len(cache)  # every answer the server gave is stored once: none was asked twice
+    finally:
+        cache.close()
+    assert content["setting"]["backend_requests"]["sent"] == answered[0] - 25
+    assert content["generation"]["judge"] == {"judged": content["targets"], "failures": 0}
+    assert content["setting"]["llm_usage"]["judge"]["calls"] == content["targets"]
+    assert content["generation"]["Humanness"] == pytest.approx(100.0)  # (5 - 1) / 4, the server's verdict

@@ -10,6 +10,7 @@ as soon as it is answered, so a crash loses at most the chunk in flight. Failure
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 import hashlib
 import json
@@ -78,14 +79,17 @@ class ResponseCache:
 
 class CachedBackend:
     """`backend` behind a `ResponseCache`: cached answers come from disk, the rest from the back end, `chunk`
-    requests per call, each chunk stored before the next is sent. `misses` counts the requests sent, `hits`
+    requests per call, each chunk stored before the next is sent. `per_request=True` (remote back ends, e.g.
+    Gemini) sends every request on its own from up to `in_flight` threads and stores each answer as it arrives,
+    so a failure loses no answer that already came back (batching is for local models). `misses` counts the requests sent, `hits`
     the others (hits + misses = requests answered)."""
 
     def __init__(self, backend: LLMBackend, cache: ResponseCache, namespace: str | Mapping[str, Any], *,
-                 chunk: int = 64) -> None:
-        if chunk < 1:
-            raise ValueError(f"CachedBackend: chunk must be >= 1, got {chunk}")
+                 chunk: int = 64, per_request: bool = False, in_flight: int = 16) -> None:
+        if chunk < 1 or in_flight < 1:
+            raise ValueError(f"CachedBackend: chunk and in_flight must be >= 1, got {chunk} and {in_flight}")
         self.backend, self.cache, self.chunk = backend, cache, chunk
+        self.per_request, self.in_flight = per_request, in_flight
         self.namespace = namespace if isinstance(namespace, str) else json.dumps(namespace, sort_keys=True)
         self.name = backend.name
         self.hits = self.misses = 0
@@ -100,6 +104,9 @@ class CachedBackend:
         self.hits += len(keys) - len(todo)  # every request not sent: cached, or a repeat within this call
         self.misses += len(todo)
         pending = list(todo.items())
+        if self.per_request:
+            found.update(self._one_by_one(pending))
+            pending = []
         for start in range(0, len(pending), self.chunk):
             part = pending[start:start + self.chunk]
             answers = self.backend.generate([r for _, r in part])
@@ -113,6 +120,32 @@ class CachedBackend:
             self.answered["calls"] += 1
             self.answered["prompt_tokens"] += r.prompt_tokens
             self.answered["output_tokens"] += r.output_tokens
+        return out
+
+    def _one_by_one(self, pending: list[tuple[str, LLMRequest]]) -> dict[str, LLMResponse]:
+        """Each request on its own, `in_flight` at a time, each answer stored on arrival; the first failure is
+        raised after the requests already running have finished (and been stored)."""
+        def one(key: str, request: LLMRequest) -> LLMResponse:
+            (answer,) = self.backend.generate([request])
+            self.cache.put_many(self.namespace, {key: answer})
+            return answer
+
+        out: dict[str, LLMResponse] = {}
+        first_error: BaseException | None = None
+        with cf.ThreadPoolExecutor(max_workers=self.in_flight, thread_name_prefix="cached") as pool:
+            futures = {pool.submit(one, k, r): k for k, r in pending}
+            for fut in cf.as_completed(futures):
+                if fut.cancelled():
+                    continue
+                if fut.exception() is not None:
+                    if first_error is None:
+                        first_error = fut.exception()
+                        for other in futures:  # start nothing new once one request failed for good
+                            other.cancel()
+                    continue
+                out[futures[fut]] = fut.result()
+        if first_error is not None:
+            raise first_error
         return out
 
     @property

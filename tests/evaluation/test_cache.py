@@ -104,3 +104,21 @@ def test_offline_back_end_through_the_cache_answers_as_before(tmp_path):
     requests = [condense_request(f"I adopted a cat named Luna {i}.", ()) for i in range(3)]
     cached = CachedBackend(OfflineBackend(), ResponseCache(tmp_path / "c.sqlite"), {"kind": "offline"})
     assert [r.text for r in cached.generate(requests)] == [r.text for r in OfflineBackend().generate(requests)]
+
+
+def test_per_request_mode_keeps_every_answer_that_came_back_before_a_failure(tmp_path):
+    class FailsOn(Counting):
+        def generate(self, requests):
+            if any(r.prompt == "p4" for r in requests):
+                raise RuntimeError("simulated outage")
+            return super().generate(requests)
+
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    failing = FailsOn()
+    with pytest.raises(RuntimeError, match="simulated outage"):
+        CachedBackend(failing, cache, "ns", per_request=True, in_flight=1).generate(reqs(10))
+    assert set(failing.asked) == {"p0", "p1", "p2", "p3"} and len(cache) == 4  # answered in order, all stored
+    healthy = Counting()
+    concurrent = CachedBackend(healthy, cache, "ns", per_request=True, in_flight=4)
+    assert [r.text for r in concurrent.generate(reqs(10))] == [f"p{i}|0.0" for i in range(10)]
+    assert sorted(healthy.asked) == [f"p{i}" for i in range(4, 10)] and healthy.calls == 6  # one request a call
