@@ -117,8 +117,11 @@ def test_per_request_mode_keeps_every_answer_that_came_back_before_a_failure(tmp
     failing = FailsOn()
     with pytest.raises(RuntimeError, match="simulated outage"):
         CachedBackend(failing, cache, "ns", per_request=True, in_flight=1).generate(reqs(10))
-    assert set(failing.asked) == {"p0", "p1", "p2", "p3"} and len(cache) == 4  # answered in order, all stored
+    # in order on one thread: p0-p3 answered before the failure (a request already taken may finish too)
+    assert {"p0", "p1", "p2", "p3"} <= set(failing.asked) and "p4" not in failing.asked
+    assert len(cache) == len(failing.asked)  # every answer that came back is stored
     healthy = Counting()
     concurrent = CachedBackend(healthy, cache, "ns", per_request=True, in_flight=4)
     assert [r.text for r in concurrent.generate(reqs(10))] == [f"p{i}|0.0" for i in range(10)]
-    assert sorted(healthy.asked) == [f"p{i}" for i in range(4, 10)] and healthy.calls == 6  # one request a call
+    assert set(healthy.asked) == {f"p{i}" for i in range(10)} - set(failing.asked)  # nothing asked twice
+    assert healthy.calls == len(healthy.asked)  # one request a call
