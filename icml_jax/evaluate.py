@@ -105,10 +105,10 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
     from icml_jax.chat import find_checkpoint
     from icml_jax.data.stream import user_speaker
     from icml_jax.evaluation.cache import CachedBackend, ResponseCache
-    from icml_jax.evaluation.judging import judge_targets
+    from icml_jax.evaluation.judging import judge_targets, proxy_truth_correlation
     from icml_jax.evaluation.pairwise import compare, write_pairwise
     from icml_jax.evaluation.report import TARGETS_JSONL
-    from icml_jax.llm.judges import PairwiseJudge, QualityJudge
+    from icml_jax.llm.judges import PairwiseJudge, ProxyJudge, QualityJudge
     from icml_jax.evaluation.protocol import PolicyAgent, play
     from icml_jax.evaluation.report import write_outputs
     from icml_jax.llm.registry import make_backend
@@ -146,8 +146,10 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
                                             seed=int(config.seed)), name=system)
             results = play(agent, episodes, user_speaker=user_speaker(config), count_tokens=count,
                            progress=lambda xs: tqdm(xs, desc="evaluation episodes", unit="ep", leave=False))
+        correlation = None
         if judge_backend is not None:
             judge_targets(QualityJudge(judge_backend), results, episodes)
+            correlation = proxy_truth_correlation(ProxyJudge(judge_backend), results, episodes)
         if other_rows is not None:
             if judge_backend is None:
                 raise ValueError("--against needs the judge (config.eval.judge)")
@@ -172,7 +174,8 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
                                                     "from_cache": sum(b.hits for b in backends)},
                "llm_usage": llm_usage,
                "versions": _versions(), "config": config.to_dict()}
-    content = write_outputs(out_dir, results, system, setting, model_scores)
+    content = write_outputs(out_dir, results, system, setting, model_scores,
+                            memory_extra={"proxy_truth": correlation} if correlation else None)
     if other_rows is not None:
         content["pairwise"] = write_pairwise(out_dir, pairwise, _name(workdir), _name(Path(against)),
                                              {k: setting[k] for k in ("data", "judge", "seed")})

@@ -48,6 +48,9 @@ def test_evaluation_writes_recomputable_results_and_reruns_from_its_cache(warmed
     # Table 8 per history session and pooled; the persona world has labels, so recall is measurable
     assert len(content["memory_per_session"]) == len(episodes[0].sessions)
     assert all(k in content["memory"] for k in TABLE8) and content["memory"]["needed_pairs"] > 0
+    pt = content["memory"]["proxy_truth"]  # proxy vs truth reward of the saves that replies used
+    assert pt["proxy_failures"] == 0 and 0 <= pt["saves_used"] <= pt["saves"]  # numbers: tests/evaluation
+    assert pt["r"] is None or -1 <= pt["r"] <= 1
     assert len(content["efficiency"]["storage_tokens_per_session"]) == len(episodes[0].sessions) - 1
     # the judge's five dimensions, one verdict per target (the offline judge: an oracle reading the labels)
     assert gen["judge"] == {"judged": len(rows), "failures": 0} and "oracle" in content["setting"]["judge"]

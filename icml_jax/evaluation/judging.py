@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from icml_jax.data.schema import Episode
 from icml_jax.evaluation.protocol import EpisodeResult
-from icml_jax.llm.judges import QualityInput, QualityJudge
+from icml_jax.llm.judges import ProxyInput, ProxyJudge, QualityInput, QualityJudge
 
 
 def judge_targets(judge: QualityJudge, results: Sequence[EpisodeResult], episodes: Sequence[Episode]) -> None:
@@ -29,4 +29,37 @@ def judge_targets(judge: QualityJudge, results: Sequence[EpisodeResult], episode
         row["judge_failure"] = None if verdict.ok else (verdict.failure or "no score")
 
 
-__all__ = ["judge_targets"]
+def proxy_truth_correlation(judge: ProxyJudge, results: Sequence[EpisodeResult],
+                            episodes: Sequence[Episode]) -> dict[str, float | int | None]:
+    """Pearson r between the proxy reward of each save (the judge's information value of the saved turn) and
+    its truth reward (the mean judged quality of the final-session replies that used that memory), over the
+    saves that some reply used; r is None with fewer than 3 such saves or a constant side. Needs `judge_targets`
+    first."""
+    from scipy.stats import pearsonr
+
+    by_id = {e.episode_id: e for e in episodes}
+    saves = [(r.episode_id, s) for r in results for s in r.saved]
+    items = []
+    for episode_id, s in saves:
+        turn = by_id[episode_id].sessions[s["session"]].turns[s["turn"]]
+        items.append(ProxyInput(turn.text, tuple(map(tuple, s["history"])),
+                                label=None if turn.y_p is None else float(turn.y_p)))
+    proxies = judge.judge(items) if items else []
+    quality: dict[tuple[str, int, int], list[float]] = {}
+    for r in results:
+        for row in r.targets:
+            if row.get("memory_ref") and row.get("judge"):
+                key = (row["episode_id"], *row["memory_ref"])
+                quality.setdefault(key, []).append(sum(row["judge"].values()) / len(row["judge"]))
+    pairs = [(p.score, sum(quality[k]) / len(quality[k])) for (eid, s), p in zip(saves, proxies, strict=True)
+             if p.ok and (k := (eid, s["session"], s["turn"])) in quality]
+    out: dict[str, float | int | None] = {"saves": len(saves), "saves_used": len(pairs),
+                                          "proxy_failures": sum(not p.ok for p in proxies), "r": None}
+    if len(pairs) >= 3:
+        x, y = zip(*pairs, strict=True)
+        if len(set(x)) > 1 and len(set(y)) > 1:
+            out["r"] = float(pearsonr(x, y).statistic)
+    return out
+
+
+__all__ = ["judge_targets", "proxy_truth_correlation"]

@@ -123,6 +123,7 @@ class EpisodeResult:
     storage_tokens: list[int]  # tokens of the stored memories after each earlier session
     memories: list[int]  # memories stored after each earlier session
     construction_ms: list[float]  # per observed turn
+    saved: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # saved turns: session, turn, history
 
 
 def history_hash(history: Sequence[tuple[str, str]]) -> str:
@@ -139,7 +140,7 @@ def play_episode(agent: EvalAgent, episode: Episode, *, user_speaker: str | None
                          "the protocol needs history sessions before the final one")
     agent.reset()
     user = episode.episode_id
-    receipts, storage, memories, construction = [], [], [], []
+    receipts, storage, memories, construction, saved_turns = [], [], [], [], []
     for s, session in enumerate(episode.sessions[:-1]):
         history: list[tuple[str, str]] = []
         for t, turn in enumerate(session.turns):
@@ -147,6 +148,8 @@ def play_episode(agent: EvalAgent, episode: Episode, *, user_speaker: str | None
                 choice, saved, ms = agent.observe(user, episode, s, t, history)
                 construction.append(ms)
                 receipts.append(_receipt(s, t, choice, saved))
+                if saved:
+                    saved_turns.append({"session": s, "turn": t, "history": list(history)})
             history.append((turn.speaker, turn.text))
         texts = agent.memory_texts(user)
         storage.append(sum(count_tokens(x) for x in texts))
@@ -174,7 +177,7 @@ def play_episode(agent: EvalAgent, episode: Episode, *, user_speaker: str | None
             "retrieval_ms": reply.retrieval_ms, "generation_ms": reply.generation_ms,
         })
     return EpisodeResult(episode.episode_id, rows, session_counts(episode, receipts), storage, memories,
-                         construction)
+                         construction, saved_turns)
 
 
 def _receipt(session: int, turn: int, choice: MemoryChoice, saved: bool | None) -> SimpleNamespace:

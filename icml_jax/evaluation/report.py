@@ -110,6 +110,11 @@ def results_markdown(summary: Mapping[str, Any], system: str, setting: Mapping[s
                      f" | {_fmt(row.get('storage_tokens'))} |")
     mem = summary["memory"]
     lines.append("| all | " + " | ".join(_fmt(mem.get(k), 100) for k in TABLE8) + " | |")
+    if mem.get("proxy_truth"):
+        pt = mem["proxy_truth"]
+        r = "-" if pt["r"] is None else f"{pt['r']:.3f}"
+        lines += ["", f"Pearson r between proxy and truth rewards: {r} over {pt['saves_used']} saves that a reply "
+                      f"used (of {pt['saves']} saves; {pt['proxy_failures']} proxy verdicts failed)."]
     eff = summary["efficiency"]
 
     def ms(p: Mapping[str, Any]) -> str:
@@ -156,10 +161,13 @@ def efficiency_plot(summary: Mapping[str, Any], path: Path) -> None:
 
 
 def write_outputs(out_dir: Path, results: Sequence[EpisodeResult], system: str,
-                  setting: Mapping[str, Any], model_scores: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Writes the four files into `out_dir`; returns results.json's content."""
+                  setting: Mapping[str, Any], model_scores: Mapping[str, Any] | None = None,
+                  memory_extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Writes the four files into `out_dir`; returns results.json's content. `memory_extra` joins the memory
+    metrics (e.g. the proxy / truth reward correlation)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(results, model_scores)
+    summary["memory"].update(memory_extra or {})
     with open(out_dir / TARGETS_JSONL, "w", encoding="utf-8") as f:
         for e in results:
             for row in e.targets:

@@ -96,3 +96,27 @@ def test_pairwise_verdicts_map_back_to_a_through_random_order_and_refuse_misalig
         compare(good, bad[:-1], PairwiseJudge(Both()), [episode])
     with pytest.raises(ValueError, match="'reference'"):
         compare(good, [{**r, "reference": "other"} for r in bad], PairwiseJudge(Both()), [episode])
+
+
+def test_proxy_truth_correlation_pairs_each_used_save_with_the_quality_of_the_replies_that_used_it():
+    import numpy as np
+    import pytest
+
+    from icml_jax.evaluation.judging import proxy_truth_correlation
+    from icml_jax.llm import OfflineBackend
+    from icml_jax.llm.judges import ProxyJudge
+
+    turns = [Turn("A", f"fact {i}", y_p=bool(i % 2)) for i in range(5)]
+    episode = Episode("pw", "ep-1", (Session(tuple(turns)), Session((Turn("B", "q"),) * 8)))
+    saved = [{"session": 0, "turn": i, "history": []} for i in range(5)]  # offline proxy = y_p: 0, 1, 0, 1, 0
+    quality = {0: [0.2, 0.4], 1: [0.9], 2: [0.1], 3: [0.7, 0.8]}  # turn 4's memory was never used
+    rows = [{"episode_id": "ep-1", "memory_ref": [0, t], "judge": {"a": q, "b": q}}
+            for t, qs in quality.items() for q in qs]
+    rows.append({"episode_id": "ep-1", "memory_ref": None, "judge": {"a": 1.0, "b": 1.0}})
+    result = EpisodeResult("ep-1", rows, [], [], [], [], saved)
+    out = proxy_truth_correlation(ProxyJudge(OfflineBackend()), [result], [episode])
+    x, y = [0.0, 1.0, 0.0, 1.0], [0.3, 0.9, 0.1, 0.75]
+    assert out["saves"] == 5 and out["saves_used"] == 4 and out["proxy_failures"] == 0
+    assert out["r"] == pytest.approx(np.corrcoef(x, y)[0, 1])
+    flat = EpisodeResult("ep-1", rows[:1], [], [], [], [], saved)  # one used save: r undefined, not 0
+    assert proxy_truth_correlation(ProxyJudge(OfflineBackend()), [flat], [episode])["r"] is None
