@@ -91,6 +91,7 @@ def get_config() -> ml_collections.ConfigDict:
         selection="seeded",  # seeded | theanine (THEANINE's own 50 MSC / CC episodes)
         seed=0,  # the seeded draw
         judge=True,  # rate every reply on the five dimensions with config.llm.judge
+        learn=False,  # True: learn online (PPO) on each episode's history sessions before answering its targets
         bertscore_model=placeholder(str),  # local encoder dir for BERTScore (paper: roberta-large); None: skipped
         bertscore_layer=17,  # bert-score's layer for roberta-large
         mauve_model=placeholder(str),  # local HF decoder dir whose last-token hidden states feed MAUVE; None: skipped

@@ -109,7 +109,8 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
     from icml_jax.evaluation.pairwise import compare, write_pairwise
     from icml_jax.evaluation.report import TARGETS_JSONL
     from icml_jax.llm.judges import PairwiseJudge, ProxyJudge, QualityJudge
-    from icml_jax.evaluation.protocol import PolicyAgent, play
+    from icml_jax.evaluation.protocol import LearningAgent, PolicyAgent, play
+    from icml_jax.rl.learner import OnlineLearner
     from icml_jax.evaluation.report import write_outputs
     from icml_jax.llm.registry import make_backend
     from icml_jax.memory.store import MemoryStore
@@ -138,12 +139,20 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
                               per_request=remote(config.llm.generator))
     count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     use_judge = bool((config.get("eval") or {}).get("judge", True))
+    learn = bool((config.get("eval") or {}).get("learn", False))
     judge_backend = CachedBackend(make_backend(config.llm.judge), cache, config.llm.judge.to_dict(),
                                   per_request=remote(config.llm.judge)) if use_judge else None
     try:
         with MemoryStore() as store:
-            agent = PolicyAgent(MemoryAgent(policies, tokenizer, store, generator, config=agent_config,
-                                            seed=int(config.seed)), name=system)
+            if learn:  # Algorithm 1 on the history sessions, an update before each final session
+                if judge_backend is None:
+                    raise ValueError("eval.learn needs the judge (eval.judge) for the online rewards")
+                learner = OnlineLearner(policies, tokenizer, store, generator, proxy_judge=ProxyJudge(judge_backend),
+                                        quality_judge=QualityJudge(judge_backend), config=job._learner(config))
+                agent = LearningAgent(learner, name=system)
+            else:
+                agent = PolicyAgent(MemoryAgent(policies, tokenizer, store, generator, config=agent_config,
+                                                seed=int(config.seed)), name=system)
             results = play(agent, episodes, user_speaker=user_speaker(config), count_tokens=count,
                            progress=lambda xs: tqdm(xs, desc="evaluation episodes", unit="ep", leave=False))
         correlation = None
@@ -170,7 +179,8 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
                "checkpoint": str(ckpt), "generator": config.llm.generator.to_dict(), "seed": int(config.seed),
                "judge": (f"{judge_block.get('kind')} (an oracle: it reads the data's labels)"
                          if judge_block and judge_block.get("kind") == "offline" else judge_block),
-               "greedy": True, "backend_requests": {"sent": sum(b.misses for b in backends),
+               "greedy": True, "learning": {"online": learn, "updates": len(getattr(agent, "updates", []))},
+               "backend_requests": {"sent": sum(b.misses for b in backends),
                                                     "from_cache": sum(b.hits for b in backends)},
                "llm_usage": llm_usage,
                "versions": _versions(), "config": config.to_dict()}

@@ -105,6 +105,38 @@ def test_bertscore_and_mauve_from_local_models_recompute_from_targets(warmed, tm
     assert "not computed" not in (workdir / ev.EVAL_DIR / RESULTS_MD).read_text()
 
 
+def test_learning_during_the_evaluation_updates_the_policy_before_each_final_session(warmed, tmp_path,
+                                                                                    monkeypatch):
+    import shutil
+
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from icml_jax.rl.learner import OnlineLearner
+
+    config, workdir = warmed
+    work = tmp_path / "run"
+    shutil.copytree(workdir, work, ignore=shutil.ignore_patterns(ev.EVAL_DIR))
+    config = config.copy_and_resolve_references()
+    config.eval.learn = True
+    changed, real_update = [], OnlineLearner.update
+
+    def spy(self):  # each update must change the policy's parameters
+        before = [np.asarray(x) for x in jax.tree.leaves(nnx.state(self.policies, nnx.Param))]
+        out = real_update(self)
+        after = [np.asarray(x) for x in jax.tree.leaves(nnx.state(self.policies, nnx.Param))]
+        changed.append(any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True)))
+        return out
+
+    monkeypatch.setattr(OnlineLearner, "update", spy)
+    content = ev.evaluate_workdir(config, work)
+    episodes = held_out_episodes(config)
+    assert content["setting"]["learning"] == {"online": True, "updates": len(episodes)}
+    assert changed == [True] * len(episodes)
+    assert content["targets"] == sum(len(e.sessions[-1].turns) - 1 for e in episodes)
+
+
 def test_command_line(warmed, tmp_path):
     """`python -m icml_jax.evaluate` runs as users call it (flags shared with the main job), and an empty
     workdir is one clear error."""

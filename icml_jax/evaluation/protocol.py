@@ -113,6 +113,35 @@ class PolicyAgent:
         return [f.text for f in self.agent.store.fragments(user_id)]
 
 
+class LearningAgent(PolicyAgent):
+    """The policies learning online during the evaluation (`eval.learn`): every history-session turn is a turn
+    of Algorithm 1 (`OnlineLearner.step_turn`: Trigger, reply, Planner, both judges), and before the final
+    session the user is closed and the joint PPO update runs; the targets are then answered greedily by the
+    updated policy. The learning carries over from episode to episode, as online."""
+
+    def __init__(self, learner, name: str = "icml-online") -> None:
+        super().__init__(learner.agent, name)
+        self.learner = learner
+        self.updates: list[dict[str, float]] = []
+
+    def observe(self, user_id, episode, session, turn, history):
+        start = time.perf_counter()
+        receipt = self.learner.step_turn(episode, user_id, session, turn, tuple(history))
+        ms = 1e3 * (time.perf_counter() - start)
+        return self._choice(receipt.trigger, receipt.memory_used), receipt.planner.save, ms
+
+    def answer(self, user_id, episode, targets, histories):
+        self.learner.close_user(user_id)
+        if self.learner.has_pending():
+            self.updates.append(self.learner.update())
+        sampling = self.agent.config
+        self.agent.config = dataclasses.replace(sampling, greedy=True)
+        try:
+            return super().answer(user_id, episode, targets, histories)
+        finally:
+            self.agent.config = sampling
+
+
 @dataclasses.dataclass
 class EpisodeResult:
     """One episode under the protocol: target rows, per-session label counts, storage and timings."""
@@ -193,5 +222,5 @@ def play(agent: EvalAgent, episodes: Iterable[Episode], *, user_speaker: str | N
     return [play_episode(agent, e, user_speaker=user_speaker, count_tokens=count_tokens) for e in progress(episodes)]
 
 
-__all__ = ["AgentReply", "EpisodeResult", "EvalAgent", "MemoryChoice", "PolicyAgent", "history_hash", "play",
-           "play_episode"]
+__all__ = ["AgentReply", "EpisodeResult", "EvalAgent", "LearningAgent", "MemoryChoice", "PolicyAgent",
+           "history_hash", "play", "play_episode"]

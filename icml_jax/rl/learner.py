@@ -392,6 +392,11 @@ class OnlineLearner:
             out.update(pooled_metrics(self._counts, "labels"))
         return out
 
+    def close_user(self, user_id: str) -> None:
+        """Marks `user_id`'s play as over: its saves still waiting for a later use get their final reward at the
+        next update (as at the end of `run_episode`)."""
+        self._closed.add(user_id)
+
     def has_pending(self) -> bool:
         """Whether decisions wait for an update (a checkpoint can only be taken when none do)."""
         return bool(self._turns or self._holdover)
