@@ -214,3 +214,82 @@ def test_through_gemini_on_loopback_a_crash_and_rerun_ask_no_request_twice(warme
     assert content["generation"]["judge"] == {"judged": content["targets"], "failures": 0}
     assert content["setting"]["llm_usage"]["judge"]["calls"] == content["targets"]
     assert content["generation"]["Humanness"] == pytest.approx(100.0)  # (5 - 1) / 4, the server's verdict
+
+
+def test_an_evaluation_killed_mid_run_resumes_without_asking_the_server_anything_twice(warmed, tmp_path):
+    """`python -m icml_jax.evaluate` through the fake Gemini server, SIGKILLed after 27 requests (inside the
+    judge's verdicts), run again to the end: nothing answered and stored before the kill is asked again."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+    from http.server import ThreadingHTTPServer
+    from pathlib import Path
+
+    from icml_jax.evaluation.cache import ResponseCache
+    from tests.llm.conftest import TEST_KEY, FakeGemini, _handler, ok
+
+    config, workdir = warmed
+    work = tmp_path / "run"
+    shutil.copytree(workdir, work, ignore=shutil.ignore_patterns(ev.EVAL_DIR))
+    verdict = json.dumps({"reason": "ok", "engagingness": 3, "humanness": 3, "coherence": 3, "consistency": 3,
+                          "memorability": 3, "score": 0.5})
+    state, lock, answered = FakeGemini(), threading.Lock(), [0]
+
+    def respond(body):
+        with lock:
+            answered[0] += 1
+        return ok(verdict if "responseMimeType" in json.dumps(body) else "Sounds good.")
+
+    state.responder, state.delay_s = respond, 0.05
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    server.daemon_threads = True
+    state.port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "gemini_demo.py").write_text(f"""
+import importlib.util
+import ml_collections
+spec = importlib.util.spec_from_file_location("demo", {str(root / "configs" / "demo.py")!r})
+demo = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(demo)
+
+def get_config():
+    config = demo.get_config()
+    config.synthesis.num_seeds = {config.synthesis.num_seeds}
+    config.data.train_episodes, config.data.eval_episodes = {config.data.train_episodes}, {config.data.eval_episodes}
+    block = dict(kind="gemini", model="gemini-2.5-flash", base_url={state.base_url!r}, max_attempts=1,
+                 max_concurrency=2)
+    config.llm.generator = ml_collections.ConfigDict(block)
+    config.llm.judge = ml_collections.ConfigDict(block)
+    return config
+""")
+    env = {k: v for k, v in os.environ.items() if k != "GOOGLE_API_KEY"} | {"GEMINI_API_KEY": TEST_KEY}
+    cmd = [sys.executable, "-m", "icml_jax.evaluate", f"--config={tmp_path / 'gemini_demo.py'}", f"--workdir={work}"]
+    try:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 240
+        while answered[0] < 27 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert proc.poll() is None, f"ended before the kill point: {proc.stderr.read().decode()[-2000:]}"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        first = answered[0]
+        done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    finally:
+        server.shutdown()
+        server.server_close()
+    cache = ResponseCache(work / ev.EVAL_DIR / ev.CACHE_FILE)
+    try:
+        # every answer stored before the kill was kept; asked again: only the requests in flight at the kill (at
+        # most max_concurrency = 2) and answers read but not yet committed (at most 2 more). Caching whole batches
+        # loses the batch's answers instead (measured: 9 asked again).
+        assert 27 <= first < answered[0] and 0 <= answered[0] - len(cache) <= 4
+    finally:
+        cache.close()
+    content = json.loads((work / ev.EVAL_DIR / "results.json").read_text())
+    assert content["generation"]["judge"]["failures"] == 0 and content["generation"]["Humanness"] == 50.0
