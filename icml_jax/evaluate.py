@@ -62,6 +62,8 @@ def _model_scores(config: ml_collections.ConfigDict, rows: list[dict[str, Any]])
     if ev.get("bertscore_model"):
         out["BERTScore"] = bertscore_f1(replies, refs, model_path=ev.bertscore_model,
                                         layer=int(ev.get("bertscore_layer", 17)))
+        for row, value in zip(rows, out["BERTScore"].per_target, strict=True):
+            row["bertscore_f1"] = value
     if ev.get("mauve_model"):
         import jax.numpy as jnp
 

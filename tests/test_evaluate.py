@@ -45,6 +45,7 @@ def test_evaluation_writes_recomputable_results_and_reruns_from_its_cache(warmed
     scorer = rouge_scorer.RougeScorer(["rougeL"])
     rouge = [scorer.score(g, r)["rougeL"].fmeasure for r, g in zip(replies, refs, strict=True)]
     assert gen["ROUGE-L"] == pytest.approx(100 * sum(rouge) / len(rouge))
+    assert [r["rouge_l"] for r in rows] == pytest.approx([100 * x for x in rouge])  # per target too
     # Table 8 per history session and pooled; the persona world has labels, so recall is measurable
     assert len(content["memory_per_session"]) == len(episodes[0].sessions)
     assert all(k in content["memory"] for k in TABLE8) and content["memory"]["needed_pairs"] > 0
@@ -97,6 +98,8 @@ def test_bertscore_and_mauve_from_local_models_recompute_from_targets(warmed, tm
     gen = content["generation"]
     f1 = score(replies, refs, model_type=str(bert), num_layers=2, use_fast_tokenizer=True)[2]
     assert gen["BERTScore"] == pytest.approx(100 * float(f1.mean()), abs=1e-4)
+    rows = [json.loads(line) for line in (workdir / ev.EVAL_DIR / TARGETS_JSONL).read_text().splitlines()]
+    assert [r["bertscore_f1"] for r in rows] == pytest.approx([100 * float(x) for x in f1], abs=1e-4)
     model, tok = from_pretrained(str(llama)), load_tokenizer(str(llama))
     want = mauve_score(last_token_features(model, tok, replies), last_token_features(model, tok, refs),
                        seed=int(config.seed)).value

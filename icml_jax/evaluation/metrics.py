@@ -47,15 +47,20 @@ def bleu4(replies: Sequence[str], references: Sequence[str]) -> CorpusScore:
     return CorpusScore(float(score.score), str(bleu.get_signature()), len(replies))
 
 
-def rouge_l(replies: Sequence[str], references: Sequence[str]) -> CorpusScore:
-    """Mean ROUGE-L F-measure of each reply against its reference (rouge-score, no stemmer), in percent."""
+def rouge_l_per_target(replies: Sequence[str], references: Sequence[str]) -> list[float]:
+    """ROUGE-L F-measure of each reply against its reference (rouge-score, no stemmer), in percent."""
     from rouge_score import rouge_scorer
 
     _check_pairs(replies, references, "ROUGE-L")
     scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
     # rouge-score's argument order is (target, prediction)
-    f = [scorer.score(ref, reply)["rougeL"].fmeasure for reply, ref in zip(replies, references, strict=True)]
-    return CorpusScore(100.0 * math.fsum(f) / len(f), "rouge-score rougeL F, use_stemmer=False, mean", len(f))
+    return [100.0 * scorer.score(ref, reply)["rougeL"].fmeasure for reply, ref in zip(replies, references, strict=True)]
+
+
+def rouge_l(replies: Sequence[str], references: Sequence[str]) -> CorpusScore:
+    """Mean ROUGE-L F-measure of each reply against its reference (rouge-score, no stemmer), in percent."""
+    f = rouge_l_per_target(replies, references)
+    return CorpusScore(math.fsum(f) / len(f), "rouge-score rougeL F, use_stemmer=False, mean", len(f))
 
 
 def normalize_judge_score(score: float) -> float:
@@ -116,4 +121,4 @@ def pairwise_preference(outcomes: Sequence[int]) -> Preference:
 
 
 __all__ = ["JUDGE_DIMENSIONS", "CorpusScore", "Preference", "bleu4", "normalize_judge_score", "pairwise_preference",
-           "rouge_l", "wilson_interval"]
+           "rouge_l", "rouge_l_per_target", "wilson_interval"]

@@ -25,6 +25,7 @@ class ModelScore:
     value: float
     signature: str
     count: int
+    per_target: tuple[float, ...] = ()  # percent, where the metric has a per-target value (BERTScore)
 
 
 def bertscore_f1(replies: Sequence[str], references: Sequence[str], *, model_path: str | os.PathLike[str],
@@ -42,7 +43,7 @@ def bertscore_f1(replies: Sequence[str], references: Sequence[str], *, model_pat
     _, _, f1 = score(list(replies), list(references), model_type=path, num_layers=layer, batch_size=batch_size,
                      device="cpu", use_fast_tokenizer=True)
     return ModelScore(100.0 * float(f1.mean()), f"bert-score F1, {os.path.basename(path.rstrip('/'))} layer {layer}, "
-                      "no idf, no rescaling", len(replies))
+                      "no idf, no rescaling", len(replies), tuple(100.0 * float(x) for x in f1))
 
 
 def last_token_features(model, tokenizer, texts: Sequence[str], *, max_length: int = 256,

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from icml_jax.evaluation.metrics import JUDGE_DIMENSIONS, bleu4, rouge_l
+from icml_jax.evaluation.metrics import JUDGE_DIMENSIONS, bleu4, rouge_l, rouge_l_per_target
 from icml_jax.evaluation.protocol import EpisodeResult
 from icml_jax.rl.learner import SessionCounts, pooled_metrics
 
@@ -50,6 +50,8 @@ def summarize(results: Sequence[EpisodeResult],
         raise ValueError("evaluation produced no targets")
     replies, refs = [r["reply"] for r in rows], [r["reference"] for r in rows]
     b, rl = bleu4(replies, refs), rouge_l(replies, refs)
+    for row, value in zip(rows, rouge_l_per_target(replies, refs), strict=True):
+        row["rouge_l"] = value  # per target, in targets.jsonl
     generation = {"BLEU-4": b.value, "ROUGE-L": rl.value, "signatures": {"BLEU-4": b.signature, "ROUGE-L": rl.signature}}
     for name, score in (model_scores or {}).items():
         generation[name] = score.value
