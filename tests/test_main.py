@@ -296,11 +296,18 @@ def test_gc_config_learns_online_on_built_gapchat_data(tmp_path):
     from icml_jax import evaluate as ev
     from icml_jax.data.protocol import load_eval_episodes
 
+    from icml_jax.evaluation.report import TABLE1, TABLE8
+    from tests.evaluation.test_model_metrics import write_tiny_bert
+
     config.eval.episodes = 4
+    config.eval.bertscore_model, config.eval.bertscore_layer = str(write_tiny_bert(tmp_path / "bert")), 2
+    config.eval.mauve_model = str(tmp_path / "ckpt")  # the backbone's own checkpoint as MAUVE's featurizer
     content = ev.evaluate_workdir(config, tmp_path / "work")
     episodes = load_eval_episodes("gapchat", data_dir=tmp_path / "tfds", n=4)
     assert content["episodes"] == 4 and content["targets"] == sum(len(e.sessions[-1].turns) - 1 for e in episodes)
     assert content["generation"]["judge"]["failures"] == 0 and content["generation"]["BLEU-4"] >= 0
+    assert all(content["generation"][c] is not None for c in TABLE1)  # every Table 1 column
+    assert all(c in content["memory"] for c in TABLE8) and content["memory"]["proxy_truth"]["saves"] >= 0
     assert content["memory"]["trigger_recall"] is None  # GapChat has no y_t labels: not measurable, not 0
     assert (tmp_path / "work" / ev.EVAL_DIR / "results.md").is_file()
 
