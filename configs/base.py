@@ -88,7 +88,7 @@ def get_config() -> ml_collections.ConfigDict:
     ))
     config.eval = ml_collections.ConfigDict(dict(  # python -m icml_jax.evaluate (real datasets' protocol)
         episodes=50,  # the protocol's episode count
-        selection="seeded",  # seeded | theanine (THEANINE's own 50 MSC / CC episodes)
+        selection="auto",  # auto (theanine for MSC / CC when its ids file is there) | seeded | theanine
         seed=0,  # the seeded draw
         judge=True,  # rate every reply on the five dimensions with config.llm.judge
         learn=False,  # True: learn online (PPO) on each episode's history sessions before answering its targets

@@ -28,6 +28,19 @@ EVAL_DIR = "eval"
 CACHE_FILE = "cache.sqlite"
 
 
+def eval_selection(config: ml_collections.ConfigDict) -> str:
+    """`eval.selection`, with "auto" resolved: THEANINE's own episode ids for MSC / CC when their ids file is
+    there (`shared/data/<dataset>/theanine_eval_ids.json`), else the seeded draw."""
+    from icml_jax.data.protocol import shared_data_dir
+
+    selection = (config.get("eval") or {}).get("selection", "auto")
+    if selection != "auto":
+        return selection
+    name = config.data.name
+    ids = shared_data_dir() / name / "theanine_eval_ids.json"
+    return "theanine" if name in ("msc", "cc") and ids.is_file() else "seeded"
+
+
 def eval_episodes(config: ml_collections.ConfigDict) -> list:
     """The protocol's episodes for `config.data`: persona world held-out episodes, or a real dataset's 50."""
     from icml_jax.data.protocol import load_eval_episodes
@@ -38,7 +51,7 @@ def eval_episodes(config: ml_collections.ConfigDict) -> list:
     ev = config.get("eval") or ml_collections.ConfigDict()
     if not config.data.get("data_dir"):
         raise ValueError(f"evaluation on {config.data.name}: config.data.data_dir (the built TFDS data) is not set")
-    return load_eval_episodes(config.data.name, data_dir=config.data.data_dir, selection=ev.get("selection", "seeded"),
+    return load_eval_episodes(config.data.name, data_dir=config.data.data_dir, selection=eval_selection(config),
                               seed=int(ev.get("seed", 0)), n=int(ev.get("episodes", 50)))
 
 
@@ -178,6 +191,8 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
                  for role, b in (("generator", generator), ("judge", judge_backend)) if b is not None}
     judge_block = config.llm.judge.to_dict() if use_judge else None
     setting = {"data": config.data.name, "episode_ids": [e.episode_id for e in episodes],
+               "selection": "held-out persona-world episodes" if config.data.name == "persona_world"
+               else eval_selection(config),
                "checkpoint": str(ckpt), "generator": config.llm.generator.to_dict(), "seed": int(config.seed),
                "judge": (f"{judge_block.get('kind')} (an oracle: it reads the data's labels)"
                          if judge_block and judge_block.get("kind") == "offline" else judge_block),

@@ -296,3 +296,17 @@ def get_config():
         cache.close()
     content = json.loads((work / ev.EVAL_DIR / "results.json").read_text())
     assert content["generation"]["judge"]["failures"] == 0 and content["generation"]["Humanness"] == 50.0
+
+
+def test_auto_selection_takes_theanines_ids_for_msc_and_cc_where_they_are():
+    from tests.test_main import load_config
+
+    from icml_jax.data.protocol import shared_data_dir
+
+    for name, dataset in (("cc", "cc"), ("msc", "msc"), ("gc", "gapchat")):
+        config = load_config(name)
+        assert config.eval.selection == "auto" and config.data.name == dataset
+        has_ids = (shared_data_dir() / dataset / "theanine_eval_ids.json").is_file()
+        assert ev.eval_selection(config) == ("theanine" if dataset != "gapchat" and has_ids else "seeded")
+        config.eval.selection = "seeded"
+        assert ev.eval_selection(config) == "seeded"
