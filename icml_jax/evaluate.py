@@ -230,7 +230,7 @@ def cli() -> None:
         try:
             content = evaluate_workdir(config_flag.value, workdir_flag.value, checkpoint=checkpoint_flag.value,
                                        against=against_flag.value)
-        except (ValueError, ChatError) as exc:
+        except (ValueError, KeyError, FileNotFoundError, ChatError) as exc:  # the setting, not a bug: no traceback
             print(f"evaluation error: {exc}", file=sys.stderr)
             sys.exit(2)
         out = Path(workdir_flag.value).expanduser().absolute() / EVAL_DIR
