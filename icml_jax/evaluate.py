@@ -122,13 +122,12 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
     from icml_jax.evaluation.cache import CachedBackend, ResponseCache
     from icml_jax.evaluation.judging import judge_targets, proxy_truth_correlation
     from icml_jax.evaluation.pairwise import compare, write_pairwise
-    from icml_jax.evaluation.report import TARGETS_JSONL
-    from icml_jax.llm.judges import PairwiseJudge, ProxyJudge, QualityJudge
     from icml_jax.evaluation.protocol import LearningAgent, PolicyAgent, play
-    from icml_jax.rl.learner import OnlineLearner
-    from icml_jax.evaluation.report import write_outputs
+    from icml_jax.evaluation.report import TARGETS_JSONL, write_outputs
+    from icml_jax.llm.judges import PairwiseJudge, ProxyJudge, QualityJudge
     from icml_jax.llm.registry import make_backend
     from icml_jax.memory.store import MemoryStore
+    from icml_jax.rl.learner import OnlineLearner
     from icml_jax.train.checkpoint import load_warmup
 
     workdir = Path(workdir).expanduser().absolute()

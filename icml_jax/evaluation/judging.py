@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from icml_jax.data.schema import Episode
-from icml_jax.evaluation.protocol import EpisodeResult
+from icml_jax.evaluation.protocol import EpisodeResult, gold_history
 from icml_jax.llm.judges import ProxyInput, ProxyJudge, QualityInput, QualityJudge
 
 
@@ -18,8 +18,7 @@ def judge_targets(judge: QualityJudge, results: Sequence[EpisodeResult], episode
     rows = [row for r in results for row in r.targets]
     items = []
     for row in rows:
-        turns = by_id[row["episode_id"]].sessions[row["session"]].turns
-        history = tuple((t.speaker, t.text) for t in turns[: row["turn"] - 1])
+        history = gold_history(by_id[row["episode_id"]], row["session"], row["turn"])
         needed = [[row["episode_id"], s, t] for s, t in row["needed"]] if row["needed"] else None
         used = [row["episode_id"], *row["memory_ref"]] if row["memory_ref"] else None
         items.append(QualityInput(history, row["utterance"], row["reply"], row["memory"], label_needed=needed,

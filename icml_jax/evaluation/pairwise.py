@@ -14,6 +14,7 @@ import numpy as np
 
 from icml_jax.data.schema import Episode
 from icml_jax.evaluation.metrics import Preference, pairwise_preference
+from icml_jax.evaluation.protocol import gold_history
 from icml_jax.llm import prompts
 from icml_jax.llm.judges import PairwiseJudge
 
@@ -59,8 +60,7 @@ def compare(rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mapping[str, A
     flips = np.random.default_rng(seed).random(len(pairs)) < 0.5  # True: B is shown first
     requests = []
     for (ra, rb), flip in zip(pairs, flips, strict=True):
-        turns = by_id[ra["episode_id"]].sessions[ra["session"]].turns
-        history = tuple((t.speaker, t.text) for t in turns[: ra["turn"] - 1])
+        history = gold_history(by_id[ra["episode_id"]], ra["session"], ra["turn"])
         shown = (rb, ra) if flip else (ra, rb)
         md: dict[str, Any] = {}
         if ra.get("needed"):

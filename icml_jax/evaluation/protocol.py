@@ -155,6 +155,12 @@ class EpisodeResult:
     saved: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # saved turns: session, turn, history
 
 
+def gold_history(episode: Episode, session: int, turn: int) -> tuple[tuple[str, str], ...]:
+    """The gold (speaker, text) turns before the utterance a target replies to: turns 0..turn-2 of `session`
+    (target `turn` answers turn-1)."""
+    return tuple((t.speaker, t.text) for t in episode.sessions[session].turns[: turn - 1])
+
+
 def history_hash(history: Sequence[tuple[str, str]]) -> str:
     """A short SHA-256 of a gold history, to tell targets with the same turn index apart in targets.jsonl."""
     return hashlib.sha256(json.dumps(list(history), ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
@@ -187,7 +193,7 @@ def play_episode(agent: EvalAgent, episode: Episode, *, user_speaker: str | None
     turns = episode.sessions[final].turns
     rows = []
     targets = final_session_targets(episode)
-    histories = [[(t.speaker, t.text) for t in turns[: target.turn - 1]] for target in targets]
+    histories = [list(gold_history(episode, target.session, target.turn)) for target in targets]
     for target, history, reply in zip(targets, histories, agent.answer(user, episode, targets, histories),
                                       strict=True):
         receipts.append(_receipt(final, target.turn - 1, reply.memory, None))
@@ -223,4 +229,4 @@ def play(agent: EvalAgent, episodes: Iterable[Episode], *, user_speaker: str | N
 
 
 __all__ = ["AgentReply", "EpisodeResult", "EvalAgent", "LearningAgent", "MemoryChoice", "PolicyAgent",
-           "history_hash", "play", "play_episode"]
+           "gold_history", "history_hash", "play", "play_episode"]
