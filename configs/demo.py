@@ -3,8 +3,10 @@ synthesis -> warm-up -> online PPO in about 25 s on 2 CPU cores, no weights, dat
 
     python -m icml_jax.main --config=configs/demo.py --workdir=/tmp/icml_demo
 
-Sizes and learning rates follow the persona-world learning experiment (`icml_jax.rl.persona_run`), whose
-docstring explains the departures from the paper's values (tiny backbone, heads only, lr 1e-2, gamma 0).
+World, observation sizes and the tiny model come from `icml_jax.agents.tiny`; the learning rates, gamma,
+entropy and save cost are the persona-world experiment's (`icml_jax.experiments.persona_run.PersonaRunConfig`,
+whose docstring explains the departures from the paper: tiny backbone, heads only, lr 1e-2, gamma 0).
+tests/experiments checks that the two stay equal.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import ml_collections
 
-from icml_jax.rl import persona_run
+from icml_jax.agents import tiny
 
 
 def _base() -> types.ModuleType:
@@ -30,22 +32,21 @@ def _base() -> types.ModuleType:
 def get_config() -> ml_collections.ConfigDict:
     """base.py with the demo's world, model, back ends and sizes."""
     config = _base().get_config()
-    experiment = persona_run.PersonaRunConfig()
     config.data.name = "persona_world"
-    world = dataclasses.asdict(persona_run.learning_world())
+    world = dataclasses.asdict(tiny.learning_world())
     for key, value in world.items():
         config.data.world[key] = list(value) if isinstance(value, tuple) else value
     config.data.train_episodes = 60
     config.data.eval_episodes = 8
     config.model.kind = "tiny"
-    config.model.hidden = experiment.hidden
-    config.model.layers = experiment.layers
+    config.model.hidden = 64
+    config.model.layers = 1
     config.model.dtype = "float32"
-    config.policy.pooling = experiment.pooling
-    config.policy.match_rank = experiment.match_rank
+    config.policy.pooling = "mean"
+    config.policy.match_rank = 16
     config.llm.generator = ml_collections.ConfigDict(dict(kind="offline"))
     config.llm.judge = ml_collections.ConfigDict(dict(kind="offline"))
-    for key, value in dataclasses.asdict(persona_run.learning_observation()).items():
+    for key, value in dataclasses.asdict(tiny.learning_observation()).items():
         config.observation[key] = value
     # a small expert set from the same world: 12 seeds x 2 storylines x 3 prequels
     config.synthesis.num_seeds = 12
@@ -60,7 +61,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.warmup.epochs = 1
     config.warmup.batch_size = 8
     config.warmup.log_every = 10
-    for key, value in experiment.ppo.to_dict().items():
+    ppo = dict(actor_lr=1e-2, critic_lr=1e-2, gamma=0.0, entropy_coef=0.05, epochs=4, minibatch_size=4)
+    for key, value in ppo.items():
         config.rl.ppo[key] = value
-    config.rl.reward.save_cost = experiment.reward.save_cost
+    config.rl.reward.save_cost = 0.5
     return config

@@ -340,16 +340,16 @@ def build_models(config: ml_collections.ConfigDict, workdir: Path) -> tuple[Any,
     from icml_jax.agents.policy import MemoryPolicies
     from icml_jax.models.decoder import Decoder
     from icml_jax.models.lora import LoraConfig, apply_lora
-    from icml_jax.rl import persona_run
+    from icml_jax.agents import tiny
 
     if config.model.kind == "tiny":
         observation = _observation(config)
-        words = set(persona_run.world_vocabulary(_world(config), observation))
+        words = set(tiny.world_vocabulary(_world(config), observation))
         if "synthesize" in _stages(config) or "warmup" in _stages(config):
-            words |= set(persona_run.world_vocabulary(_synthesis(config).world, observation))
-        tokenizer = persona_run.build_tokenizer(workdir / "tokenizer", sorted(words))
+            words |= set(tiny.world_vocabulary(_synthesis(config).world, observation))
+        tokenizer = tiny.build_tokenizer(workdir / "tokenizer", sorted(words))
         seed = int(config.policy.seed)
-        backbone = Decoder(persona_run.tiny_model_config(len(tokenizer), config.model.hidden, config.model.layers),
+        backbone = Decoder(tiny.tiny_model_config(len(tokenizer), config.model.hidden, config.model.layers),
                            rngs=nnx.Rngs(seed))
         if config.model.tiny_lora:
             backbone = apply_lora(backbone, LoraConfig.from_config(config.lora), seed=seed)

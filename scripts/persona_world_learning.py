@@ -26,7 +26,7 @@ import dataclasses
 import numpy as np
 
 from icml_jax.models.lora import LoraConfig
-from icml_jax.rl import persona_run as P
+from icml_jax.experiments import persona_run as P
 
 
 def main() -> None:

@@ -237,11 +237,11 @@ def test_smollm2_demo_config_uses_the_fetched_model_for_policies_and_replies(tmp
 
 
 def test_pretrained_checkpoint_passes_checks_and_builds(tmp_path):
-    from icml_jax.rl import persona_run
+    from icml_jax.agents import tiny
     from tests.models import hf_fixtures as F
 
     F.build("qwen3", tmp_path / "ckpt")
-    persona_run.build_tokenizer(tmp_path / "ckpt", ["hello", "world"])
+    tiny.build_tokenizer(tmp_path / "ckpt", ["hello", "world"])
     config = tiny_demo()
     config.model.kind, config.model.path, config.model.dtype = "pretrained", str(tmp_path / "ckpt"), "float32"
     assert job.validate(config, tmp_path / "work") == ("synthesize", "warmup", "online")
@@ -254,11 +254,11 @@ def test_gc_config_learns_online_on_built_gapchat_data(tmp_path):
     """configs/gc.py end to end on the in-repo GapChat fixtures: a local checkpoint, offline back ends, both
     speakers acted on, per-session rows, resumable checkpoints."""
     from icml_jax.data import tfds_builders as tb
-    from icml_jax.rl import persona_run
+    from icml_jax.agents import tiny
     from tests.models import hf_fixtures as F
 
     F.build("qwen3", tmp_path / "ckpt")
-    persona_run.build_tokenizer(tmp_path / "ckpt", ["hello", "world", "i", "like", "my", "dog"])
+    tiny.build_tokenizer(tmp_path / "ckpt", ["hello", "world", "i", "like", "my", "dog"])
     config = load_config("gc")
     tb.build(config.data.tfds_name, manual_dir=ROOT / "tests" / "data" / "fixtures" / "gapchat",
              data_dir=tmp_path / "tfds")

@@ -11,9 +11,10 @@ prompts can change freely):
   None = no memory) is one of them; otherwise a lexical heuristic of memory / utterance / reply overlap.
 - pairwise_judge: the side whose quality score (as above, from `metadata['used_refs']` or the heuristic) is
   higher; equal scores are a tie.
-- synthesis_seed / synthesis_prequel / synthesis_annotate (Retrospective Session Synthesis): the storyline named
-  by `metadata` (world, seed_id, facts, storyline, num_prequels; `prequel` or `session` + `sessions`), written
-  and annotated from the persona world's templates by `icml_jax.synthesis.offline_world`.
+- any other task with a registered answer function (`register_offline_answers`): that function. The layers
+  above register theirs when imported, so this module knows none of them: `icml_jax.synthesis.offline_world`
+  writes and annotates storylines from the persona world's templates (synthesis_seed / _prequel / _annotate),
+  and the baselines answer their own tasks.
 Judge and synthesis answers are JSON text, so callers exercise the same parsing path as with a real model.
 """
 
@@ -23,11 +24,13 @@ import hashlib
 import json
 import re
 from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from icml_jax.llm.prompts import QUALITY_DIMENSIONS, SYNTHESIS_TASKS
+from icml_jax.llm.prompts import QUALITY_DIMENSIONS
 from icml_jax.llm.types import (
     TASK_CONDENSE,
+    TASK_GENERIC,
     TASK_PAIRWISE_JUDGE,
     TASK_PROXY_JUDGE,
     TASK_QUALITY_JUDGE,
@@ -70,6 +73,21 @@ def _freeze(ref: Any) -> Hashable:
     if isinstance(ref, (list, tuple)):
         return tuple(_freeze(x) for x in ref)
     return ref
+
+
+OfflineAnswer = Callable[[str, Mapping[str, Any]], str]  # (task, request metadata) -> answer text
+_ANSWERS: dict[str, OfflineAnswer] = {}
+
+
+def register_offline_answers(tasks: Iterable[str], answer: OfflineAnswer) -> None:
+    """Makes the offline back end answer `tasks` with `answer(task, metadata)`; a task already taken by another
+    function is refused (two layers would silently disagree on its answers)."""
+    for task in tasks:
+        current = _ANSWERS.get(task)
+        if current is not None and current is not answer:
+            raise ValueError(f"offline back end: task {task!r} already answered by {current.__module__}."
+                             f"{current.__qualname__}")
+        _ANSWERS[task] = answer
 
 
 def heuristic_information_value(text: str) -> float:
@@ -225,11 +243,11 @@ class OfflineBackend:
             better = "tie" if means[0] == means[1] else ("1" if means[0] > means[1] else "2")
             return json.dumps({"reason": "from labels" if md.get("label_needed") is not None else "heuristic",
                                "better": better})
-        if request.task in SYNTHESIS_TASKS:
-            # Imported here: the synthesis package builds on this module (no import cycle at load time).
-            from icml_jax.synthesis.offline_world import answer as synthesis_answer
-
-            return synthesis_answer(request.task, md)
+        if request.task in _ANSWERS:
+            return _ANSWERS[request.task](request.task, md)
+        if request.task != TASK_GENERIC:  # a named task nobody registered: a default answer would be silently wrong
+            raise ValueError(f"offline back end: no answer for task {request.task!r}; the module that defines it "
+                             "registers one with register_offline_answers when imported (e.g. icml_jax.synthesis)")
         if request.json_schema is not None:
             return json.dumps(_default_for_schema(request.json_schema))
         digest = hashlib.sha256(request.prompt.encode("utf-8")).hexdigest()[:8]

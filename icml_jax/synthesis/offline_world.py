@@ -23,8 +23,8 @@ import numpy as np
 
 from icml_jax.data.persona_world import FACT_REPLIES, GAPS, NOISE_KINDS, NOISE_REPLIES, TEMPLATES, PersonaWorldConfig
 from icml_jax.data.schema import Session, Turn, TurnRef
-from icml_jax.llm.offline import heuristic_information_value
-from icml_jax.llm.prompts import SYNTH_ROLES, TASK_SYNTH_ANNOTATE, TASK_SYNTH_PREQUEL, TASK_SYNTH_SEED
+from icml_jax.llm.offline import heuristic_information_value, register_offline_answers
+from icml_jax.llm.prompts import SYNTHESIS_TASKS, SYNTH_ROLES, TASK_SYNTH_ANNOTATE, TASK_SYNTH_PREQUEL, TASK_SYNTH_SEED
 from icml_jax.synthesis.config import OfflineWorldConfig
 from icml_jax.synthesis.seeds import stable_hash
 
@@ -258,3 +258,6 @@ def answer(task: str, md: Mapping[str, Any]) -> str:
                   for t, lab in sorted(truth.items())]
         return json.dumps({"labels": labels})
     raise ValueError(f"offline back end: {task!r} is not a synthesis task")
+
+
+register_offline_answers(SYNTHESIS_TASKS, answer)  # the offline back end writes storylines with this module

@@ -12,7 +12,7 @@ from transformers import BertConfig, BertModel, BertTokenizerFast
 
 from icml_jax.evaluation.model_metrics import bertscore_f1, last_token_features, mauve_score
 from icml_jax.models.decoder import Decoder
-from icml_jax.rl import persona_run
+from icml_jax.agents import tiny
 
 WORDS = "the a my dog cat vet visit kitchen vegan good luck how is after his trip to renovation summer now".split()
 REPLIES = ["how is the dog after the vet visit", "good luck with the kitchen", "my cat is vegan now"]
@@ -67,8 +67,8 @@ def test_bertscore_matches_a_numpy_recomputation(tiny_bert, layer):
 
 
 def test_last_token_features_do_not_depend_on_batching_or_padding(tmp_path):
-    tokenizer = persona_run.build_tokenizer(tmp_path / "tok", sorted(set(WORDS)))
-    model = Decoder(persona_run.tiny_model_config(len(tokenizer), 32, 2), rngs=nnx.Rngs(0))
+    tokenizer = tiny.build_tokenizer(tmp_path / "tok", sorted(set(WORDS)))
+    model = Decoder(tiny.tiny_model_config(len(tokenizer), 32, 2), rngs=nnx.Rngs(0))
     texts = REPLIES + REFERENCES + ["dog"]
     together = last_token_features(model, tokenizer, texts, batch_size=8)
     alone = np.concatenate([last_token_features(model, tokenizer, [t]) for t in texts])

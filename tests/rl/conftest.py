@@ -17,7 +17,7 @@ from flax import nnx
 from icml_jax.agents.policy import TRAINABLE, MemoryPolicies
 from icml_jax.models.decoder import Decoder
 from icml_jax.models.lora import LoraConfig, apply_lora
-from icml_jax.rl.persona_run import (
+from icml_jax.agents.tiny import (
     build_tokenizer,
     learning_observation,
     learning_world,

@@ -23,7 +23,8 @@ from icml_jax.llm.types import TASK_PROXY_JUDGE, TASK_QUALITY_JUDGE, LLMResponse
 from icml_jax.memory.store import MemoryStore
 from icml_jax.rl import (LearnerConfig, OnlineLearner, PPOConfig, RewardConfig, pooled_metrics, ppo_step,
                           session_counts)
-from icml_jax.rl.persona_run import PersonaRunConfig, build_learner, learning_observation, learning_world
+from icml_jax.agents.tiny import learning_observation, learning_world
+from icml_jax.experiments.persona_run import PersonaRunConfig, build_learner
 from tests.rl.conftest import randomize_trainable
 
 RUN = PersonaRunConfig()  # the learning test's model and PPO settings: compiled programs are shared with it

@@ -17,7 +17,7 @@ import dataclasses
 
 import pytest
 
-from icml_jax.rl.persona_run import PersonaRunConfig, margins, run_persona_world
+from icml_jax.experiments.persona_run import PersonaRunConfig, margins, run_persona_world
 
 SEEDS = (0, 1, 2)
 MIN_PRECISION_GAIN = 0.15

@@ -17,7 +17,7 @@ from icml_jax.agents.policy import TRAINABLE, MemoryPolicies, planner_evaluate, 
 from icml_jax.models.decoder import Decoder
 from icml_jax.models.lora import FROZEN
 from icml_jax.rl import JointUpdater, OldStats, PPOConfig, Slot, collate, ppo_step
-from icml_jax.rl.persona_run import tiny_model_config
+from icml_jax.agents.tiny import tiny_model_config
 from tests.rl.conftest import randomize_trainable, random_items
 
 ACTOR_LR, CRITIC_LR = 1e-3, 1e-2  # a factor 10 apart, so a mix-up cannot pass
