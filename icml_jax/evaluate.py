@@ -13,10 +13,11 @@ memory metrics (Table 8) where the data has labels; tokens and latencies.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,27 +109,94 @@ def _name(path: Path) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in path.name) or "run"
 
 
+@dataclasses.dataclass
+class EvalContext:
+    """What an agent factory gets to build the system under evaluation: the config, the workdir, the cached
+    back ends (every answer lands in the evaluation's cache), a fresh memory store and the backbone's tokenizer."""
+
+    config: ml_collections.ConfigDict
+    workdir: Path
+    generator: Any  # CachedBackend
+    judge: Any  # CachedBackend, or None when eval.judge is off
+    store: Any  # MemoryStore
+    tokenizer: Any
+    count_tokens: Callable[[str], int]
+
+
+AgentFactory = Callable[[EvalContext], tuple[Any, dict[str, Any]]]  # -> (EvalAgent, provenance for the setting)
+
+
+def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path):
+    """The backbone's tokenizer without the policies: tiny (the world's words, as `main.build_models`) or the
+    pretrained checkpoint's; token counts of every system are in this tokenizer."""
+    from icml_jax import main as job
+    from icml_jax.models.tokenizer import load_tokenizer
+
+    if config.model.kind == "tiny":
+        return job.build_tiny_tokenizer(config, workdir)
+    return load_tokenizer(config.model.path)
+
+
+def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
+    """The trained Planner and Trigger of `<workdir>/policy` (else the warm-up checkpoint) or `checkpoint`, greedy;
+    with `eval.learn`, learning online on each episode's history sessions (`LearningAgent`)."""
+
+    def build(ctx: EvalContext):
+        from icml_jax import main as job
+        from icml_jax.agents.agent import MemoryAgent
+        from icml_jax.chat import find_checkpoint
+        from icml_jax.evaluation.protocol import LearningAgent, PolicyAgent
+        from icml_jax.llm.judges import ProxyJudge, QualityJudge
+        from icml_jax.rl.learner import OnlineLearner
+        from icml_jax.train.checkpoint import load_warmup
+
+        config = ctx.config
+        ckpt = Path(checkpoint) if checkpoint else find_checkpoint(ctx.workdir)[0]
+        policies, _ = job.build_models(config, ctx.workdir)
+        meta = load_warmup(ckpt, policies)
+        policies.eval()
+        if bool((config.get("eval") or {}).get("learn", False)):  # Algorithm 1 on the history sessions
+            if ctx.judge is None:
+                raise ValueError("eval.learn needs the judge (eval.judge) for the online rewards")
+            learner = OnlineLearner(policies, ctx.tokenizer, ctx.store, ctx.generator,
+                                    proxy_judge=ProxyJudge(ctx.judge), quality_judge=QualityJudge(ctx.judge),
+                                    config=job._learner(config))
+            agent = LearningAgent(learner)
+        else:
+            agent_config = dataclasses.replace(job._learner(config).agent, greedy=True,
+                                               policy_version=str(meta.get("policy_version", ckpt.name)))
+            agent = PolicyAgent(MemoryAgent(policies, ctx.tokenizer, ctx.store, ctx.generator, config=agent_config,
+                                            seed=int(config.seed)))
+        return agent, {"checkpoint": str(ckpt)}
+
+    return build
+
+
 def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, checkpoint: str | Path | None = None,
-                     system: str = "icml", against: str | Path | None = None) -> dict[str, Any]:
+                     system: str = "icml", against: str | Path | None = None,
+                     cache_path: str | Path | None = None) -> dict[str, Any]:
     """Runs the evaluation of the policy in `workdir` (or `checkpoint`) and writes `<workdir>/eval/`; returns
     results.json's content. `against`: another evaluated workdir; the judge then also compares the two systems'
     replies target by target (`pairwise_<this>_vs_<that>.{json,md}`)."""
-    import dataclasses
+    return evaluate_agent(config, workdir, policy_factory(checkpoint), system=system, against=against,
+                          cache_path=cache_path)
 
-    from icml_jax import main as job
-    from icml_jax.agents.agent import MemoryAgent
-    from icml_jax.chat import find_checkpoint
+
+def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, factory: AgentFactory, *,
+                   system: str, against: str | Path | None = None,
+                   cache_path: str | Path | None = None) -> dict[str, Any]:
+    """Plays the protocol with the agent `factory` builds (ours or a baseline), judges and scores it, and writes
+    `<workdir>/eval/`; returns results.json's content. `cache_path`: the back-end answer cache (default
+    `<workdir>/eval/cache.sqlite`; experiments share one across their variants)."""
     from icml_jax.data.stream import user_speaker
     from icml_jax.evaluation.cache import CachedBackend, ResponseCache
     from icml_jax.evaluation.judging import judge_targets, proxy_truth_correlation
     from icml_jax.evaluation.pairwise import compare, write_pairwise
-    from icml_jax.evaluation.protocol import LearningAgent, PolicyAgent, play
+    from icml_jax.evaluation.protocol import play
     from icml_jax.evaluation.report import TARGETS_JSONL, write_outputs
     from icml_jax.llm.judges import PairwiseJudge, ProxyJudge, QualityJudge
     from icml_jax.llm.registry import make_backend
     from icml_jax.memory.store import MemoryStore
-    from icml_jax.rl.learner import OnlineLearner
-    from icml_jax.train.checkpoint import load_warmup
 
     workdir = Path(workdir).expanduser().absolute()
     out_dir = workdir / EVAL_DIR
@@ -141,34 +209,22 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
     episodes = eval_episodes(config)
     if not episodes:
         raise ValueError(f"no evaluation episodes for data {config.data.name!r}")
-    ckpt = Path(checkpoint) if checkpoint else find_checkpoint(workdir)[0]
-    policies, tokenizer = job.build_models(config, workdir)
-    meta = load_warmup(ckpt, policies)
-    policies.eval()
-    agent_config = dataclasses.replace(job._learner(config).agent, greedy=True,
-                                       policy_version=str(meta.get("policy_version", ckpt.name)))
-    cache = ResponseCache(out_dir / CACHE_FILE)
+    tokenizer = build_tokenizer(config, workdir)
+    cache = ResponseCache(Path(cache_path) if cache_path else out_dir / CACHE_FILE)
     remote = lambda block: block.get("kind") == "gemini"  # noqa: E731  (one request per call: nothing lost)
     generator = CachedBackend(make_backend(config.llm.generator), cache, config.llm.generator.to_dict(),
                               per_request=remote(config.llm.generator))
     count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     use_judge = bool((config.get("eval") or {}).get("judge", True))
-    learn = bool((config.get("eval") or {}).get("learn", False))
     judge_backend = CachedBackend(make_backend(config.llm.judge), cache, config.llm.judge.to_dict(),
                                   per_request=remote(config.llm.judge)) if use_judge else None
     try:
         with MemoryStore() as store:
-            if learn:  # Algorithm 1 on the history sessions, an update before each final session
-                if judge_backend is None:
-                    raise ValueError("eval.learn needs the judge (eval.judge) for the online rewards")
-                learner = OnlineLearner(policies, tokenizer, store, generator, proxy_judge=ProxyJudge(judge_backend),
-                                        quality_judge=QualityJudge(judge_backend), config=job._learner(config))
-                agent = LearningAgent(learner, name=system)
-            else:
-                agent = PolicyAgent(MemoryAgent(policies, tokenizer, store, generator, config=agent_config,
-                                                seed=int(config.seed)), name=system)
+            agent, provenance = factory(EvalContext(config, workdir, generator, judge_backend, store, tokenizer,
+                                                    count))
+            agent.name = system
             results = play(agent, episodes, user_speaker=user_speaker(config), count_tokens=count,
-                           progress=lambda xs: tqdm(xs, desc="evaluation episodes", unit="ep", leave=False))
+                           progress=lambda xs: tqdm(xs, desc=f"evaluating {system}", unit="ep", leave=False))
         correlation = None
         if judge_backend is not None:
             judge_targets(QualityJudge(judge_backend), results, episodes)
@@ -189,15 +245,16 @@ def evaluate_workdir(config: ml_collections.ConfigDict, workdir: str | Path, *, 
     llm_usage = {role: _usage(b, turns, (config.get("eval") or {}).get("prices", {}).get(role))
                  for role, b in (("generator", generator), ("judge", judge_backend)) if b is not None}
     judge_block = config.llm.judge.to_dict() if use_judge else None
+    learn = bool((config.get("eval") or {}).get("learn", False))
     setting = {"data": config.data.name, "episode_ids": [e.episode_id for e in episodes],
                "selection": "held-out persona-world episodes" if config.data.name == "persona_world"
                else eval_selection(config),
-               "checkpoint": str(ckpt), "generator": config.llm.generator.to_dict(), "seed": int(config.seed),
+               **provenance, "generator": config.llm.generator.to_dict(), "seed": int(config.seed),
                "judge": (f"{judge_block.get('kind')} (an oracle: it reads the data's labels)"
                          if judge_block and judge_block.get("kind") == "offline" else judge_block),
                "greedy": True, "learning": {"online": learn, "updates": len(getattr(agent, "updates", []))},
                "backend_requests": {"sent": sum(b.misses for b in backends),
-                                                    "from_cache": sum(b.hits for b in backends)},
+                                    "from_cache": sum(b.hits for b in backends)},
                "llm_usage": llm_usage,
                "versions": _versions(), "config": config.to_dict()}
     content = write_outputs(out_dir, results, system, setting, model_scores,

@@ -331,6 +331,18 @@ class Run:
         return save_warmup(self.workdir / POLICY_DIR, self.policies, json_safe(metadata))
 
 
+def build_tiny_tokenizer(config: ml_collections.ConfigDict, workdir: Path):
+    """The tiny backbone's word tokenizer over the run's worlds (data, and the synthesis' when it synthesizes or
+    warms up), saved under `<workdir>/tokenizer`."""
+    from icml_jax.agents import tiny
+
+    observation = _observation(config)
+    words = set(tiny.world_vocabulary(_world(config), observation))
+    if "synthesize" in _stages(config) or "warmup" in _stages(config):
+        words |= set(tiny.world_vocabulary(_synthesis(config).world, observation))
+    return tiny.build_tokenizer(Path(workdir) / "tokenizer", sorted(words))
+
+
 def build_models(config: ml_collections.ConfigDict, workdir: Path) -> tuple[Any, Any]:
     """Policies and tokenizer: `tiny` as in the persona-world experiment (tokenizer from the world's words,
     saved under `<workdir>/tokenizer`), `pretrained` from config.model.path with LoRA on the configured mesh."""
@@ -343,11 +355,7 @@ def build_models(config: ml_collections.ConfigDict, workdir: Path) -> tuple[Any,
     from icml_jax.agents import tiny
 
     if config.model.kind == "tiny":
-        observation = _observation(config)
-        words = set(tiny.world_vocabulary(_world(config), observation))
-        if "synthesize" in _stages(config) or "warmup" in _stages(config):
-            words |= set(tiny.world_vocabulary(_synthesis(config).world, observation))
-        tokenizer = tiny.build_tokenizer(workdir / "tokenizer", sorted(words))
+        tokenizer = build_tiny_tokenizer(config, workdir)
         seed = int(config.policy.seed)
         backbone = Decoder(tiny.tiny_model_config(len(tokenizer), config.model.hidden, config.model.layers),
                            rngs=nnx.Rngs(seed))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from icml_jax.data.schema import Episode
-from icml_jax.evaluation.protocol import EpisodeResult, gold_history
+from icml_jax.evaluation.protocol import EpisodeResult, gold_history, judged_ref
 from icml_jax.llm.judges import ProxyInput, ProxyJudge, QualityInput, QualityJudge
 
 
@@ -20,7 +20,7 @@ def judge_targets(judge: QualityJudge, results: Sequence[EpisodeResult], episode
     for row in rows:
         history = gold_history(by_id[row["episode_id"]], row["session"], row["turn"])
         needed = [[row["episode_id"], s, t] for s, t in row["needed"]] if row["needed"] else None
-        used = [row["episode_id"], *row["memory_ref"]] if row["memory_ref"] else None
+        used = judged_ref(row)
         items.append(QualityInput(history, row["utterance"], row["reply"], row["memory"], label_needed=needed,
                                   used_ref=used))
     for row, verdict in zip(rows, judge.judge(items), strict=True):

@@ -14,7 +14,7 @@ import numpy as np
 
 from icml_jax.data.schema import Episode
 from icml_jax.evaluation.metrics import Preference, pairwise_preference
-from icml_jax.evaluation.protocol import gold_history
+from icml_jax.evaluation.protocol import gold_history, judged_ref
 from icml_jax.llm import prompts
 from icml_jax.llm.judges import PairwiseJudge
 
@@ -65,7 +65,7 @@ def compare(rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mapping[str, A
         md: dict[str, Any] = {}
         if ra.get("needed"):
             md["label_needed"] = [[ra["episode_id"], s, t] for s, t in ra["needed"]]
-            md["used_refs"] = [[r["episode_id"], *r["memory_ref"]] if r.get("memory_ref") else None for r in shown]
+            md["used_refs"] = [judged_ref(r) for r in shown]
         requests.append(prompts.pairwise_judge_request(history, ra["utterance"], (shown[0]["reply"], shown[0]["memory"]),
                                                        (shown[1]["reply"], shown[1]["memory"]), metadata=md))
     verdicts = judge.judge_requests(requests)

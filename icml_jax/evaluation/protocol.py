@@ -33,6 +33,13 @@ class MemoryChoice:
     text: str | None
     ref: tuple[str, int, int] | None  # (episode id, session, turn) of the turn the memory came from
     prob: float | None  # the policy's probability of this choice; None for agents without one
+    refs: tuple[tuple[str, int, int], ...] = ()  # agents that put several memories (or whole sessions) in the
+    # reply's prompt: the source turns of all of them; empty = just `ref`
+
+    @property
+    def all_refs(self) -> tuple[tuple[str, int, int], ...]:
+        """Every source turn whose memory reached the reply prompt."""
+        return tuple(self.refs) or ((tuple(self.ref),) if self.ref else ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +64,8 @@ class EvalAgent(Protocol):
 
     def observe(self, user_id: str, episode: Episode, session: int, turn: int,
                 history: Sequence[tuple[str, str]]) -> tuple[MemoryChoice, bool, float]:
-        """One turn of an earlier session: the memory it would use for this turn, whether it saved the turn, and
-        the milliseconds the save decision and write took (memory construction)."""
+        """One turn of an earlier session: the memory it would use for this turn, whether it saved the turn (None:
+        the agent makes no save decision, e.g. long context), and the milliseconds its memory construction took."""
 
     def answer(self, user_id: str, episode: Episode, targets: Sequence[Target],
                histories: Sequence[Sequence[tuple[str, str]]]) -> list[AgentReply]:
@@ -161,6 +168,16 @@ def gold_history(episode: Episode, session: int, turn: int) -> tuple[tuple[str, 
     return tuple((t.speaker, t.text) for t in episode.sessions[session].turns[: turn - 1])
 
 
+def judged_ref(row: dict[str, Any]) -> list[Any] | None:
+    """The (episode, session, turn) ref an oracle judge takes as the memory a target row's reply used: a needed
+    one when it reached the prompt among `memory_refs` (agents showing several memories), else the chosen one."""
+    refs = [list(r) for r in row.get("memory_refs") or ([row["memory_ref"]] if row.get("memory_ref") else [])]
+    needed = [list(n) for n in row.get("needed") or ()]
+    hit = next((r for r in refs if r in needed), None)
+    ref = hit or (list(row["memory_ref"]) if row.get("memory_ref") else (refs[0] if refs else None))
+    return [row["episode_id"], *ref] if ref else None
+
+
 def history_hash(history: Sequence[tuple[str, str]]) -> str:
     """A short SHA-256 of a gold history, to tell targets with the same turn index apart in targets.jsonl."""
     return hashlib.sha256(json.dumps(list(history), ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
@@ -199,13 +216,15 @@ def play_episode(agent: EvalAgent, episode: Episode, *, user_speaker: str | None
         receipts.append(_receipt(final, target.turn - 1, reply.memory, None))
         needed = [[n.session, n.turn] for n in turns[target.turn - 1].y_t or ()]
         used_ref = list(reply.memory.ref[1:]) if reply.memory.ref else None
+        used_refs = [list(r[1:]) for r in reply.memory.all_refs]
         rows.append({
             "episode_id": target.episode_id, "session": target.session, "turn": target.turn,
             "speaker": target.speaker, "history_sha256": history_hash(history + [(turns[target.turn - 1].speaker,
                                                                                   turns[target.turn - 1].text)]),
             "utterance": turns[target.turn - 1].text, "memory_id": reply.memory.memory_id,
             "memory": reply.memory.text, "memory_prob": reply.memory.prob, "memory_ref": used_ref,
-            "needed": needed, "recalled": (used_ref in needed) if needed else None,
+            "memory_refs": used_refs,
+            "needed": needed, "recalled": any(r in needed for r in used_refs) if needed else None,
             "reply": reply.text, "reference": target.reference,
             "prompt_tokens": reply.prompt_tokens, "output_tokens": reply.output_tokens,
             "memory_tokens": count_tokens(reply.memory.text) if reply.memory.text else 0,
@@ -217,7 +236,8 @@ def play_episode(agent: EvalAgent, episode: Episode, *, user_speaker: str | None
 
 def _receipt(session: int, turn: int, choice: MemoryChoice, saved: bool | None) -> SimpleNamespace:
     """What `session_counts` reads of a decision: where, whether the turn was saved, which memory was used."""
-    used = None if choice.ref is None else SimpleNamespace(ref=tuple(choice.ref))
+    refs = choice.all_refs
+    used = SimpleNamespace(ref=refs[0], refs=refs) if refs else None
     planner = None if saved is None else SimpleNamespace(save=saved)
     return SimpleNamespace(session=session, turn=turn, planner=planner, memory_used=used)
 
@@ -229,4 +249,4 @@ def play(agent: EvalAgent, episodes: Iterable[Episode], *, user_speaker: str | N
 
 
 __all__ = ["AgentReply", "EpisodeResult", "EvalAgent", "LearningAgent", "MemoryChoice", "PolicyAgent",
-           "gold_history", "history_hash", "play", "play_episode"]
+           "gold_history", "history_hash", "judged_ref", "play", "play_episode"]

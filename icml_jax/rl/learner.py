@@ -144,11 +144,12 @@ def session_counts(episode: Episode, receipts: Sequence[Receipt]) -> list[Sessio
                     if fact is not None:
                         c.duplicate_saves += fact in saved_facts
                         saved_facts.add(fact)
+            used = receipt.memory_used if receipt is not None else None
+            # the memories that reached the reply: one for our Trigger, several for some baselines (`refs`)
+            refs = () if used is None else tuple(getattr(used, "refs", None) or (used.ref,))
             for need in turn.y_t or ():
                 c.needed += 1
-                used = receipt.memory_used if receipt is not None else None
-                if used is not None and used.ref == (episode.episode_id, need.session, need.turn):
-                    c.recalled += 1
+                c.recalled += (episode.episode_id, need.session, need.turn) in refs
     return out
 
 
