@@ -80,11 +80,15 @@ def get_config() -> ml_collections.ConfigDict:
         reply_temperature=0.7,
         reply_max_tokens=256,
         note_max_tokens=128,  # length cap of a memory note (online, and the expert data's via the synthesis)
+        planner_rule="policy",  # ablations: policy | save_all ("without Planner": every turn saved, not trained)
+        trigger_rule="policy",  # ablations: policy | lexical ("without Trigger": BM25 top-1, not trained)
     ))
     config.synthesis.note_max_tokens = config.learner.get_ref("note_max_tokens")
     config.online = ml_collections.ConfigDict(dict(
         greedy_eval=False,  # evaluate the sampling policy the agent acts with online
         eval_before=True,  # held-out evaluation before and after online learning
+        init_from=placeholder(str),  # a saved policy dir (e.g. another run's <workdir>/warmup) to start from
+        # instead of this run's fresh or warmed-up policies (experiments share one warm-up across variants)
     ))
     config.eval = ml_collections.ConfigDict(dict(  # python -m icml_jax.evaluate (real datasets' protocol)
         episodes=50,  # the protocol's episode count
@@ -97,6 +101,16 @@ def get_config() -> ml_collections.ConfigDict:
         mauve_model=placeholder(str),  # local HF decoder dir whose last-token hidden states feed MAUVE; None: skipped
         mauve_max_length=256,
         prices={},  # optional cost estimate: {"generator": {"input": USD, "output": USD} per 1M tokens, "judge": ...}
+    ))
+    config.experiments = ml_collections.ConfigDict(dict(  # python -m icml_jax.experiments (sizes per experiment)
+        baselines=("no_memory", "long_context", "dense", "heuristic", "memorybank", "mem0"),  # Table 1's rows
+        synthetic_scale=(0, 100, 250, 500, 1000),  # synthesized training episodes (Table 3)
+        lambdas=(0.3, 0.5, 0.7),  # truth-reward weights (Table 10)
+        judges=("offline",),  # judge back ends for Tables 7 / 11: "offline", "generator", "judge" (the config's
+        # blocks) or a local model directory (a small local LLM judges)
+        size_grid=(),  # local model dirs for Figure 6 (Planner backbone x Trigger backbone); empty: config.model
+        sessions=10,  # Figure 7: sessions per episode
+        policy_map_episode=0,  # Figure 5: which held-out episode's turns are plotted
     ))
     config.checkpoint = ml_collections.ConfigDict(dict(
         every_episodes=10,  # online checkpoint interval (a multiple of learner.update_every); one more at the end

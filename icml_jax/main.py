@@ -130,6 +130,15 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str])
                 raise ConfigError(f"config.llm.{role} is a Gemini back end ({block.get('model')}): {exc}") from None
     _check_blocks(config, stages)
     _check_checkpoint(config)
+    init_from = (config.get("online") or {}).get("init_from")
+    if init_from and "online" in stages:
+        from icml_jax.train.checkpoint import META_FILE
+
+        if "warmup" in stages:
+            raise ConfigError("config.online.init_from starts the online stage from a saved policy, but config.mode "
+                              "also runs 'warmup', whose result it would replace; drop one of them")
+        if not (Path(init_from).expanduser() / META_FILE).is_file():
+            raise ConfigError(f"config.online.init_from={init_from!r}: no saved policy there ({META_FILE} missing)")
     _check_same_run(config, workdir)
     import jax
 
@@ -268,7 +277,9 @@ def _learner(config: ml_collections.ConfigDict):
 
     agent = AgentConfig(observation=_observation(config), reply_temperature=config.learner.reply_temperature,
                         reply_max_tokens=config.learner.reply_max_tokens,
-                        note_max_tokens=int(config.learner.get("note_max_tokens", 128)))
+                        note_max_tokens=int(config.learner.get("note_max_tokens", 128)),
+                        planner_rule=config.learner.get("planner_rule", "policy"),
+                        trigger_rule=config.learner.get("trigger_rule", "policy"))
     return LearnerConfig(ppo=_ppo(config), reward=_reward(config), agent=agent,
                          update_every=config.learner.update_every, seed=config.seed,
                          user_speaker=user_speaker(config), fresh_memory=config.learner.fresh_memory)
@@ -481,6 +492,10 @@ def stage_online(run: Run) -> dict[str, Any]:
             load_memory_state(store, state["memory"])
             stream.set_state(state["data"])
         else:  # the warmed-up start is resume point 0; the warm-up, deferred until now, is recoverable from it
+            if config.online.get("init_from"):
+                from icml_jax.train.checkpoint import load_warmup
+
+                load_warmup(Path(config.online.init_from).expanduser(), policies)
             save({"before": {}, "before_rows": []})
             ckpt.wait()
             run.commit()

@@ -19,6 +19,7 @@ from icml_jax.agents.policy import MemoryPolicies, planner_act, trigger_act
 from icml_jax.llm.generation import Reply, ReplyInput, generate_replies
 from icml_jax.llm.types import LLMBackend
 from icml_jax.memory.fragment import Fragment
+from icml_jax.memory.lexical import bm25_scores
 from icml_jax.memory.store import MemoryStore
 from icml_jax.memory.writer import TurnToSave, save_turns
 
@@ -94,6 +95,19 @@ class AgentConfig:
     reply_max_tokens: int = 256
     note_max_tokens: int = 128  # length cap of a saved turn's memory note
     policy_version: str = "0"
+    # ablations (Table 2): a rule instead of a learned policy; its decisions are never trained on
+    planner_rule: str = "policy"  # policy | save_all (every turn the agent acts on is saved)
+    trigger_rule: str = "policy"  # policy | lexical (the BM25-best memory when any word overlaps, else none)
+
+    def __post_init__(self) -> None:
+        if self.planner_rule not in PLANNER_RULES or self.trigger_rule not in TRIGGER_RULES:
+            raise ValueError(f"AgentConfig: planner_rule {self.planner_rule!r} not in {PLANNER_RULES} or "
+                             f"trigger_rule {self.trigger_rule!r} not in {TRIGGER_RULES}")
+
+
+PLANNER_RULES = ("policy", "save_all")
+TRIGGER_RULES = ("policy", "lexical")
+_NO_TOKENS = np.zeros((0,), np.int32)
 
 
 class MemoryAgent:
@@ -132,9 +146,11 @@ class MemoryAgent:
     ) -> tuple[TriggerDecision, Fragment | None]:
         """The Trigger's choice among `user_id`'s memories (the lexical prefilter's candidates) for `utterance`."""
         cfg = self.config
-        graphdef, state = nnx.split(self.policies)
         base = f"{user_id}/{episode_id}/{session}/{turn}"
         candidates = self.store.candidates(user_id, utterance, cfg.observation.max_candidates)
+        if cfg.trigger_rule == "lexical":
+            return self._lexical_choice(base, utterance, candidates)
+        graphdef, state = nnx.split(self.policies)
         options = obs.trigger_texts(history, utterance, [f.text for f in candidates], cfg.observation)
         t_tokens, t_mask, t_cand = obs.encode_trigger(self.tokenizer, [options], cfg.observation)
         action, stats = trigger_act(graphdef, state, t_tokens, t_mask, t_cand, self._next_key(), greedy=cfg.greedy)
@@ -145,6 +161,18 @@ class MemoryAgent:
             prob=float(probs[a]), logp=float(stats.logp[0]), entropy=float(stats.entropy[0]),
             value=float(stats.value[0]), probs=tuple(float(p) for p in probs[: len(options)]),
             tokens=t_tokens[0], mask=t_mask[0], cand_mask=t_cand[0])
+        return trigger, (candidates[a - 1] if a else None)
+
+    @staticmethod
+    def _lexical_choice(base: str, utterance: str, candidates: Sequence[Fragment]
+                        ) -> tuple[TriggerDecision, Fragment | None]:
+        """The "without Trigger" rule: the candidate with the highest BM25 score (> 0) against the utterance."""
+        scores = bm25_scores(utterance, [f"{f.text} {f.source_text}" for f in candidates]) if candidates else []
+        best = max(range(len(candidates)), key=lambda i: (scores[i], i), default=None)
+        a = 0 if best is None or scores[best] <= 0 else best + 1
+        probs = tuple(float(i == a) for i in range(len(candidates) + 1))
+        trigger = TriggerDecision(base + "/trigger", tuple(f.fragment_id for f in candidates), a, 1.0, 0.0, 0.0,
+                                  0.0, probs, _NO_TOKENS, _NO_TOKENS.astype(bool), _NO_TOKENS.astype(bool))
         return trigger, (candidates[a - 1] if a else None)
 
     def write_reply(self, utterance: str, memory: Fragment | None, *, history: Sequence[tuple[str, str]] = (),
@@ -204,13 +232,17 @@ class MemoryAgent:
             frags = self.store.fragments(user_id)
             shown = [frags[i].text for i in obs.planner_memory_indices(
                 utterance, [f"{f.text} {f.source_text}" for f in frags], cfg.observation)]
-        p_text = obs.planner_text(history, utterance, cfg.observation, shown)
-        p_tokens, p_mask = obs.encode_planner(self.tokenizer, [p_text], cfg.observation)
-        save, pstats = planner_act(graphdef, state, p_tokens, p_mask, self._next_key(), greedy=cfg.greedy)
-        planner = PlannerDecision(
-            decision_id=base + "/planner", save=bool(save[0]), prob_save=float(pstats.probs[0]),
-            logp=float(pstats.logp[0]), entropy=float(pstats.entropy[0]), value=float(pstats.value[0]),
-            tokens=p_tokens[0], mask=p_mask[0])
+        if cfg.planner_rule == "save_all":  # the "without Planner" rule: nothing is scored
+            planner = PlannerDecision(base + "/planner", True, 1.0, 0.0, 0.0, 0.0, _NO_TOKENS,
+                                      _NO_TOKENS.astype(bool))
+        else:
+            p_text = obs.planner_text(history, utterance, cfg.observation, shown)
+            p_tokens, p_mask = obs.encode_planner(self.tokenizer, [p_text], cfg.observation)
+            save, pstats = planner_act(graphdef, state, p_tokens, p_mask, self._next_key(), greedy=cfg.greedy)
+            planner = PlannerDecision(
+                decision_id=base + "/planner", save=bool(save[0]), prob_save=float(pstats.probs[0]),
+                logp=float(pstats.logp[0]), entropy=float(pstats.entropy[0]), value=float(pstats.value[0]),
+                tokens=p_tokens[0], mask=p_mask[0])
 
         fragment = None
         if planner.save:

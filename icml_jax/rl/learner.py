@@ -63,6 +63,8 @@ class LearnerConfig:
             raise ValueError(f"LearnerConfig.update_every must be a positive int, got {self.update_every!r}")
         if self.agent.greedy:
             raise ValueError("LearnerConfig.agent.greedy must be False: PPO needs sampled decisions")
+        if self.agent.planner_rule != "policy" and self.agent.trigger_rule != "policy":
+            raise ValueError("LearnerConfig.agent: both the Planner and the Trigger are rules; nothing would learn")
 
 
 @dataclasses.dataclass
@@ -333,7 +335,10 @@ class OnlineLearner:
             rewards, values = np.zeros(length, np.float32), np.zeros(length, np.float32)
             mask, dones = np.zeros(length, bool), np.zeros(length, bool)
             last_of: dict[int, int] = {}
+            ruled = (self.config.agent.trigger_rule if agent == "trigger" else self.config.agent.planner_rule)
             for i, (rec, key) in enumerate(entries):
+                if ruled != "policy":  # an ablation's rule decides for this agent: nothing to train
+                    continue
                 if agent == "trigger":
                     ok, r, v = i < n_current and rec.r_qual is not None, rec.r_qual, rec.receipt.trigger.value
                 else:  # raw r_truth / miss penalty, onto [0, 1] when config.reward.normalize
