@@ -50,6 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
         hidden=64,  # tiny only: width, layers, and whether LoRA adapters are added
         layers=1,
         tiny_lora=False,
+        trigger_hidden=placeholder(int),  # tiny only: the Trigger's own backbone of this width (None: shared)
     ))
     config.policy = policy_build.default_config()
     config.policy.planner_model = config.model.get_ref("path")  # the Planner's backbone is the model by default
@@ -101,6 +102,29 @@ def get_config() -> ml_collections.ConfigDict:
         mauve_model=placeholder(str),  # local HF decoder dir whose last-token hidden states feed MAUVE; None: skipped
         mauve_max_length=256,
         prices={},  # optional cost estimate: {"generator": {"input": USD, "output": USD} per 1M tokens, "judge": ...}
+    ))
+    config.baselines = ml_collections.ConfigDict(dict(  # icml_jax.baselines (Table 1's other systems); written out
+        # here because configs never import that package: tests/baselines checks it equals baselines.DEFAULTS
+        top_k=3,  # memories a retrieval baseline puts in the reply prompt (dense, memorybank, mem0)
+        encoder_model=placeholder(str),  # local HF decoder dir whose mean-pooled hidden states embed texts;
+        # None: config.model.path (model.kind "tiny": a random tiny decoder, a stand-in for tests)
+        encoder_max_length=128,  # tokens of a text the encoder reads
+        long_context_tokens=placeholder(int),  # long_context's memory budget; None: backbone context - reply - prompt
+        long_context_margin=32,  # tokens long_context keeps free for the chat template
+        memorybank=ml_collections.ConfigDict(dict(
+            retention_threshold=0.1,  # forget memories with exp(-sessions since last recall / strength) below this
+            summary_max_tokens=192,
+            facts_max_tokens=512,
+            max_facts=10,  # facts extracted per session
+            relevance="dense",  # dense (the encoder) | bm25
+        )),
+        mem0=ml_collections.ConfigDict(dict(
+            similar=5,  # stored memories shown to each new fact's update decision
+            max_facts=5,  # facts extracted per turn
+            facts_max_tokens=256,
+            decide_max_tokens=256,
+            relevance="dense",  # dense (the encoder) | bm25
+        )),
     ))
     config.experiments = ml_collections.ConfigDict(dict(  # python -m icml_jax.experiments (sizes per experiment)
         baselines=("no_memory", "long_context", "dense", "heuristic", "memorybank", "mem0"),  # Table 1's rows

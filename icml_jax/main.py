@@ -343,14 +343,14 @@ class Run:
 
 
 def build_tiny_tokenizer(config: ml_collections.ConfigDict, workdir: Path):
-    """The tiny backbone's word tokenizer over the run's worlds (data, and the synthesis' when it synthesizes or
-    warms up), saved under `<workdir>/tokenizer`."""
+    """The tiny backbone's word tokenizer over the run's worlds (the data's and the synthesis'), saved under
+    `<workdir>/tokenizer`: the same words whatever stages run, so a run that starts online from another run's
+    warm-up (`online.init_from`) has the same vocabulary and the same random backbone."""
     from icml_jax.agents import tiny
 
     observation = _observation(config)
     words = set(tiny.world_vocabulary(_world(config), observation))
-    if "synthesize" in _stages(config) or "warmup" in _stages(config):
-        words |= set(tiny.world_vocabulary(_synthesis(config).world, observation))
+    words |= set(tiny.world_vocabulary(_synthesis(config).world, observation))
     return tiny.build_tokenizer(Path(workdir) / "tokenizer", sorted(words))
 
 
@@ -372,8 +372,15 @@ def build_models(config: ml_collections.ConfigDict, workdir: Path) -> tuple[Any,
                            rngs=nnx.Rngs(seed))
         if config.model.tiny_lora:
             backbone = apply_lora(backbone, LoraConfig.from_config(config.lora), seed=seed)
-        policies = MemoryPolicies(backbone, pooling=config.policy.pooling, match_rank=int(config.policy.match_rank),
-                                  rngs=nnx.Rngs(seed + 1))
+        trigger = None  # model.trigger_hidden: a Trigger backbone of another width (the size grid, Figure 6)
+        width = config.model.get("trigger_hidden")
+        if width and int(width) != int(config.model.hidden):
+            trigger = Decoder(tiny.tiny_model_config(len(tokenizer), int(width), config.model.layers),
+                              rngs=nnx.Rngs(seed + 2))
+            if config.model.tiny_lora:
+                trigger = apply_lora(trigger, LoraConfig.from_config(config.lora), seed=seed + 2)
+        policies = MemoryPolicies(backbone, trigger, pooling=config.policy.pooling,
+                                  match_rank=int(config.policy.match_rank), rngs=nnx.Rngs(seed + 1))
         return policies, tokenizer
     from icml_jax.agents.build import build_policies
     from icml_jax.models.tokenizer import load_tokenizer

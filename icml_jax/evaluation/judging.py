@@ -5,6 +5,7 @@ stays invalid after the judge's re-ask is recorded as a failure and left out of 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from icml_jax.data.schema import Episode
 from icml_jax.evaluation.protocol import EpisodeResult, gold_history, judged_ref
@@ -29,11 +30,11 @@ def judge_targets(judge: QualityJudge, results: Sequence[EpisodeResult], episode
 
 
 def proxy_truth_correlation(judge: ProxyJudge, results: Sequence[EpisodeResult],
-                            episodes: Sequence[Episode]) -> dict[str, float | int | None]:
+                            episodes: Sequence[Episode]) -> dict[str, Any]:
     """Pearson r between the proxy reward of each save (the judge's information value of the saved turn) and
     its truth reward (the mean judged quality of the final-session replies that used that memory), over the
-    saves that some reply used; r is None with fewer than 3 such saves or a constant side. Needs `judge_targets`
-    first."""
+    saves that some reply used (overall and per session of the save); r is None with fewer than 3 such saves or a
+    constant side. Needs `judge_targets` first."""
     from scipy.stats import pearsonr
 
     by_id = {e.episode_id: e for e in episodes}
@@ -50,14 +51,22 @@ def proxy_truth_correlation(judge: ProxyJudge, results: Sequence[EpisodeResult],
             if row.get("memory_ref") and row.get("judge"):
                 key = (row["episode_id"], *row["memory_ref"])
                 quality.setdefault(key, []).append(sum(row["judge"].values()) / len(row["judge"]))
-    pairs = [(p.score, sum(quality[k]) / len(quality[k])) for (eid, s), p in zip(saves, proxies, strict=True)
+    pairs = [(s["session"], p.score, sum(quality[k]) / len(quality[k]))
+             for (eid, s), p in zip(saves, proxies, strict=True)
              if p.ok and (k := (eid, s["session"], s["turn"])) in quality]
-    out: dict[str, float | int | None] = {"saves": len(saves), "saves_used": len(pairs),
-                                          "proxy_failures": sum(not p.ok for p in proxies), "r": None}
-    if len(pairs) >= 3:
-        x, y = zip(*pairs, strict=True)
-        if len(set(x)) > 1 and len(set(y)) > 1:
-            out["r"] = float(pearsonr(x, y).statistic)
+
+    def r_of(xy: Sequence[tuple[int, float, float]]) -> float | None:
+        if len(xy) < 3:
+            return None
+        _, x, y = zip(*xy, strict=True)
+        return float(pearsonr(x, y).statistic) if len(set(x)) > 1 and len(set(y)) > 1 else None
+
+    out: dict[str, Any] = {"saves": len(saves), "saves_used": len(pairs),
+                           "proxy_failures": sum(not p.ok for p in proxies), "r": r_of(pairs)}
+    out["per_session"] = [  # Table 8's row per session of the save (1-based)
+        {"session": n + 1, "saves": sum(s["session"] == n for _, s in saves),
+         "saves_used": sum(p[0] == n for p in pairs), "r": r_of([p for p in pairs if p[0] == n])}
+        for n in sorted({s["session"] for _, s in saves})]
     return out
 
 

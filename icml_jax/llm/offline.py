@@ -13,8 +13,8 @@ prompts can change freely):
   higher; equal scores are a tie.
 - any other task with a registered answer function (`register_offline_answers`): that function. The layers
   above register theirs when imported, so this module knows none of them: `icml_jax.synthesis.offline_world`
-  writes and annotates storylines from the persona world's templates (synthesis_seed / _prequel / _annotate),
-  and the baselines answer their own tasks.
+  writes and annotates storylines from the persona world's templates (synthesis_seed / _prequel / _opening /
+  _sequel / _annotate), and the baselines answer their own tasks.
 Judge and synthesis answers are JSON text, so callers exercise the same parsing path as with a real model.
 """
 

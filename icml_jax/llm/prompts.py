@@ -255,13 +255,17 @@ def pairwise_judge_request(
                       metadata=_md(base, metadata))
 
 
-# --- Retrospective Session Synthesis (cold start): seed sessions, backward prequels, forward annotation. ---
+# --- Retrospective Session Synthesis (cold start): seed sessions, backward prequels, forward annotation, and
+# the forward generation it is compared with (an opening session, then sequels in time order). ---
 
 # Task names of the synthesis requests (real back ends ignore them; the offline back end dispatches on them).
 TASK_SYNTH_SEED = "synthesis_seed"
 TASK_SYNTH_PREQUEL = "synthesis_prequel"
 TASK_SYNTH_ANNOTATE = "synthesis_annotate"
-SYNTHESIS_TASKS: tuple[str, ...] = (TASK_SYNTH_SEED, TASK_SYNTH_PREQUEL, TASK_SYNTH_ANNOTATE)
+TASK_SYNTH_OPENING = "synthesis_opening"  # forward synthesis: the first session, from the seed's constraints
+TASK_SYNTH_SEQUEL = "synthesis_sequel"  # forward synthesis: the next session, from the sessions so far
+SYNTHESIS_TASKS: tuple[str, ...] = (TASK_SYNTH_SEED, TASK_SYNTH_PREQUEL, TASK_SYNTH_ANNOTATE, TASK_SYNTH_OPENING,
+                                    TASK_SYNTH_SEQUEL)
 
 # Written sessions use two generic roles; the synthesizer maps them to the dataset's speaker labels.
 SYNTH_ROLES: tuple[str, str] = ("user", "assistant")
@@ -289,6 +293,14 @@ SYNTH_PREQUEL_SCHEMA: dict[str, Any] = {
         "turns": _TURNS_SCHEMA,
     },
     "required": ["gap_to_next", "turns"],
+}
+SYNTH_SEQUEL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "gap_since_previous": {"type": "string", "description": "time since the previous session, e.g. '3 days'"},
+        "turns": _TURNS_SCHEMA,
+    },
+    "required": ["gap_since_previous", "turns"],
 }
 SYNTH_ANNOTATE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -339,6 +351,22 @@ SYNTH_PREQUEL_INSTRUCTION = (
     "everyday small talk and other personal details. Alternate user and assistant turns, starting with the user, "
     "about {turns} turns in all. Also say how much time passed between this session and the next one shown."
 )
+SYNTH_OPENING_INSTRUCTION = (
+    "Write the first conversation session between the user and the assistant: the user has just started "
+    "talking to it. Along the way, amid everyday requests and a little small talk, the user mentions the lasting "
+    "constraints or preferences listed below in their own words, as people do when they meet someone. Alternate "
+    "user and assistant turns, starting with the user, about {turns} turns in all."
+)
+SYNTH_SEQUEL_INSTRUCTION = (
+    "Below are the sessions of the user's conversation history with the assistant so far (oldest first) and "
+    "lasting constraints or preferences of the user. Write the NEXT session, the one that follows the latest "
+    "session shown: it is session {number} of {total}, written forwards in time. Continue the user's life "
+    "naturally: they may share new personal details, mention that something has changed, or come back to "
+    "something said earlier, as a real conversation would; nothing has to lead anywhere in particular. The new "
+    "session must be consistent with everything shown. Mix in everyday small talk. Alternate user and "
+    "assistant turns, starting with the user, about {turns} turns in all. Also say how much time passed since "
+    "the previous session shown."
+)
 SYNTH_ANNOTATE_INSTRUCTION = (
     "Walk forward through the conversation. Earlier sessions and the current session are shown with turn ids "
     "[session.turn]. For every USER turn of the current session give:\n"
@@ -360,9 +388,14 @@ def format_session_block(index: int, gap_text: str | None, turns: Dialogue, *, i
     return f"Session {index}{gap}:\n" + ("\n".join(lines) if lines else "(empty)")
 
 
-def _facts_block(facts: Sequence[str]) -> str:
-    return ("\n".join(f"- {f}" for f in facts) if facts else
-            "- (none listed: those the later sessions rely on; if they rely on none, invent one plausible constraint)")
+_NO_FACTS_BACKWARD = ("- (none listed: those the later sessions rely on; if they rely on none, invent one "
+                      "plausible constraint)")
+_NO_FACTS_FORWARD = ("- (none listed: those the sessions so far reveal; if they reveal none, invent one "
+                     "plausible constraint)")
+
+
+def _facts_block(facts: Sequence[str], none: str = _NO_FACTS_BACKWARD) -> str:
+    return "\n".join(f"- {f}" for f in facts) if facts else none
 
 
 def synthesis_seed_request(
@@ -418,6 +451,67 @@ def synthesis_prequel_request(
         temperature=temperature,
         task=TASK_SYNTH_PREQUEL,
         metadata=_md({"facts": list(facts), "prequel": number - 1, "num_prequels": total}, metadata),
+    )
+
+
+def synthesis_opening_request(
+    facts: Sequence[str],
+    *,
+    turns: int = 8,
+    temperature: float = 0.7,
+    max_output_tokens: int = 2048,
+    metadata: Mapping[str, Any] | None = None,
+) -> LLMRequest:
+    """Ask for the first session of a forward storyline, in which the user reveals the constraints `facts`."""
+    prompt = (
+        f"{SYNTH_OPENING_INSTRUCTION.format(turns=turns)}\n\nThe user's constraints or preferences:\n"
+        f"{_facts_block(facts, _NO_FACTS_FORWARD)}\n\n"
+        'Answer with a JSON object: {"turns": [{"speaker": "user" or "assistant", "text": "..."}, ...]}.'
+    )
+    return LLMRequest(
+        prompt=prompt,
+        system=SYNTH_SYSTEM,
+        json_schema=SYNTH_SEED_SCHEMA,
+        max_output_tokens=max_output_tokens,
+        temperature=temperature,
+        task=TASK_SYNTH_OPENING,
+        metadata=_md({"facts": list(facts)}, metadata),
+    )
+
+
+def synthesis_sequel_request(
+    facts: Sequence[str],
+    earlier_sessions: Sequence[tuple[str | None, Dialogue]],
+    *,
+    total: int,
+    turns: int = 8,
+    temperature: float = 0.7,
+    max_output_tokens: int = 2048,
+    metadata: Mapping[str, Any] | None = None,
+) -> LLMRequest:
+    """Ask for the session just after `earlier_sessions` ((gap text, dialogue) pairs, oldest first, at least the
+    opening one): session len(earlier_sessions) (0-based) of `total`, written knowing only what came before."""
+    if not 1 <= len(earlier_sessions) < total:
+        raise ValueError(f"synthesis_sequel_request: {len(earlier_sessions)} earlier sessions, need 1..{total - 1}")
+    shown = "\n\n".join(format_session_block(i + 1, gap if i else None, d, ids=False)
+                        for i, (gap, d) in enumerate(earlier_sessions))
+    number = len(earlier_sessions) + 1
+    prompt = (
+        f"{SYNTH_SEQUEL_INSTRUCTION.format(number=number, total=total, turns=turns)}\n\n"
+        f"The user's constraints or preferences:\n{_facts_block(facts, _NO_FACTS_FORWARD)}\n\n"
+        f"Sessions so far (oldest first):\n{shown}\n\n"
+        'Answer with a JSON object: {"gap_since_previous": "e.g. 3 days", "turns": [{"speaker": "user" or '
+        '"assistant", "text": "..."}, ...]}.'
+    )
+    return LLMRequest(
+        prompt=prompt,
+        system=SYNTH_SYSTEM,
+        json_schema=SYNTH_SEQUEL_SCHEMA,
+        max_output_tokens=max_output_tokens,
+        temperature=temperature,
+        task=TASK_SYNTH_SEQUEL,
+        metadata=_md({"facts": list(facts), "session": number - 1, "num_sessions": total,
+                      "sessions": [[list(t) for t in d] for _, d in earlier_sessions]}, metadata),
     )
 
 

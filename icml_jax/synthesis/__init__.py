@@ -1,9 +1,10 @@
 """Retrospective Session Synthesis: the cold-start expert data for the supervised warm-up of both policies.
 
 `synthesize(config, backend, out_dir)` draws seeds, has the back end write each seed session and its prequel
-storylines backwards, annotates them forwards (y_p from information gain, y_t dependencies), builds Trigger
-examples with hard and soft negatives, and writes everything as ArrayRecord files with a manifest. It works with
-every back end: Gemini, the local model, and the offline one (persona-world templates, no network).
+storylines backwards (or, with `config.direction = "forward"`, an opening session and its sequels in time
+order, the paper's comparison), annotates them forwards (y_p from information gain, y_t dependencies), builds
+Trigger examples with hard and soft negatives, and writes everything as ArrayRecord files with a manifest. It
+works with every back end: Gemini, the local model, and the offline one (persona-world templates, no network).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import ml_collections
 
 from icml_jax.llm.types import LLMBackend
 from icml_jax.synthesis import dataset
-from icml_jax.synthesis.config import OfflineWorldConfig, SynthesisConfig, default_config
+from icml_jax.synthesis.config import DIRECTIONS, OfflineWorldConfig, SynthesisConfig, default_config
 from icml_jax.synthesis.dataset import ExpertData, load_expert_data, read_manifest
 from icml_jax.synthesis.examples import (
     Candidate,
@@ -31,7 +32,13 @@ from icml_jax.synthesis.examples import (
     trigger_examples,
 )
 from icml_jax.synthesis.memories import condense_expert_data
-from icml_jax.synthesis.offline_world import StorylineKey, ground_truth, seed_session, storyline_sessions
+from icml_jax.synthesis.offline_world import (
+    StorylineKey,
+    ground_truth,
+    opening_session,
+    seed_session,
+    storyline_sessions,
+)
 from icml_jax.synthesis.parsing import MalformedOutput
 from icml_jax.synthesis.seeds import SeedSpec, make_seeds, seeds_from_episodes, split_seeds
 from icml_jax.synthesis.storylines import Rejection, RequestStats, SynthesisResult, synthesize_episodes
@@ -113,6 +120,7 @@ def synthesize(config: SynthesisConfig | ml_collections.ConfigDict | dict, backe
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "backend": describe_backend(backend),
         "config": config.to_dict(),
+        "direction": config.direction,  # how the storylines were written: "backward" (the paper's) or "forward"
         "seeds": [s.to_dict() for s in seeds],
         "split_seed_ids": {"train": train_ids, "heldout": held_ids},
         "counts": {
@@ -140,6 +148,7 @@ def synthesize(config: SynthesisConfig | ml_collections.ConfigDict | dict, backe
 
 __all__ = [
     "Candidate",
+    "DIRECTIONS",
     "ExpertData",
     "MalformedOutput",
     "OfflineWorldConfig",
@@ -157,6 +166,7 @@ __all__ = [
     "ground_truth",
     "load_expert_data",
     "make_seeds",
+    "opening_session",
     "planner_examples",
     "read_manifest",
     "seed_session",

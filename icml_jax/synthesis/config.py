@@ -14,6 +14,7 @@ from icml_jax.data.persona_world import PersonaWorldConfig
 
 
 SEED_SOURCES: tuple[str, ...] = ("auto", "data", "world")
+DIRECTIONS: tuple[str, ...] = ("backward", "forward")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,9 +22,12 @@ class OfflineWorldConfig:
     """How the offline back end writes storylines from the persona world's templates (ignored by real models).
 
     Attributes:
-      distractor_facts: other lasting facts per storyline, stated in prequels but not needed by the seed.
-      update_prob: chance that a seed fact first had another value and changed in a later prequel.
-      prequel_query_prob: chance that a prequel (from the second on) asks something an earlier one answers.
+      distractor_facts: other lasting facts per storyline, stated in prequels but not needed by the seed
+        (forward: new facts the user brings up in later sessions as the story goes).
+      update_prob: chance that a seed fact first had another value and changed in a later prequel (forward: that
+        a seed fact stated in the opening session changes in a later one).
+      prequel_query_prob: chance that a prequel (from the second on) asks something an earlier one answers
+        (forward: that a session after the opening asks about an earlier fact; the only dependencies there).
     """
 
     distractor_facts: int = 2
@@ -46,7 +50,13 @@ class SynthesisConfig:
     Attributes:
       seed: base seed (seed constraints, the held-out split, negative sampling).
       num_seeds: seed sessions; each gives `storylines_per_seed` episodes (84 x 3 = 252, the paper's ~250).
-      storylines_per_seed / prequels_per_storyline: the paper's 3 and 4.
+      storylines_per_seed / prequels_per_storyline: the paper's 3 and 4 (forward: 4 sessions after the opening).
+      direction: how storylines are written (the paper's Table 12 compares the two). "backward" (default, the
+        paper's method): the seed session first, then prequels newest first, each written knowing every later
+        session, so they plant exactly the facts the later sessions depend on. "forward": an opening session
+        (the seed session when the seed brings one, else written from the seed's constraints), then each next
+        session in time order, written from the sessions so far only, so dependencies are incidental. Both are
+        annotated forwards and give the same episodes / examples layout.
       facts_per_seed: lasting constraints/preferences a seed session depends on (drawn from the world's vocabulary).
       seed_source: where seed sessions come from. "data": the first session of the episodes the online stage
         plays (the paper's seed is the new user's first real interaction; `seeds.seeds_from_episodes`, never a
@@ -79,6 +89,7 @@ class SynthesisConfig:
     num_seeds: int = 84
     storylines_per_seed: int = 3
     prequels_per_storyline: int = 4
+    direction: str = "backward"
     facts_per_seed: int = 1
     seed_source: str = "auto"
     seeds_file: str | None = None
@@ -108,6 +119,8 @@ class SynthesisConfig:
         for name in ("hard_negatives", "soft_negatives", "none_examples_per_episode"):
             if getattr(self, name) < 0:
                 raise ValueError(f"SynthesisConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"SynthesisConfig.direction must be one of {DIRECTIONS}, got {self.direction!r}")
         if self.seed_source not in SEED_SOURCES:
             raise ValueError(f"SynthesisConfig.seed_source must be one of {SEED_SOURCES}, got {self.seed_source!r}")
         if not 0.0 <= self.heldout_fraction < 1.0:

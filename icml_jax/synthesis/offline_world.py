@@ -1,15 +1,21 @@
 """The offline back end's storyline writer and annotator: persona-world templates, deterministic per request.
 
-A storyline is fully determined by (world, seed id, seed facts, storyline index, number of prequels), so every
-request of one storyline (the prequels written backwards one at a time, then the forward annotation) sees the
-same plan without any state in the back end: the seed session depends on the seed only (all storylines of a
-seed share it); the prequels plant the seed facts (sometimes an older value first, changed later), a few
-distractor facts, queries about earlier prequels and chit-chat noise. Answers are the JSON a real model is asked
-for, so the synthesizer parses them exactly as it parses Gemini's.
+A storyline is fully determined by (world, seed id, seed facts, storyline index, number of prequels,
+direction), so every request of one storyline (the prequels written backwards one at a time, then the forward
+annotation) sees the same plan without any state in the back end: the seed session depends on the seed only
+(all storylines of a seed share it); the prequels plant the seed facts (sometimes an older value first, changed
+later), a few distractor facts, queries about earlier prequels and chit-chat noise. Answers are the JSON a real
+model is asked for, so the synthesizer parses them exactly as it parses Gemini's.
 
-Ground truth, for the annotator and the tests: walking forward, a fact/update turn has gain 1 when its value
-is new for its kind (else 0, a repeat); a query needs the turn that last set its kind's current value in an
-earlier session; noise and assistant turns need nothing and have gain 0.
+Forward (the comparison of the paper's Table 12; `StorylineKey.direction`): the opening session states the
+seed facts amid noise (depends on the seed only, so shared like the seed session); each later session may bring
+up a new fact or a change of a seed fact and, with `prequel_query_prob`, asks about a fact stated earlier,
+drawn from what is known at that point only: dependencies are incidental, nothing is planted for the end.
+
+Ground truth, for the annotator and the tests (both directions, read off the plan's turn kinds): walking
+forward, a fact/update turn has gain 1 when its value is new for its kind (else 0, a repeat); a query needs the
+turn that last set its kind's current value in an earlier session; noise and assistant turns need nothing and
+have gain 0.
 """
 
 from __future__ import annotations
@@ -24,8 +30,16 @@ import numpy as np
 from icml_jax.data.persona_world import FACT_REPLIES, GAPS, NOISE_KINDS, NOISE_REPLIES, TEMPLATES, PersonaWorldConfig
 from icml_jax.data.schema import Session, Turn, TurnRef
 from icml_jax.llm.offline import heuristic_information_value, register_offline_answers
-from icml_jax.llm.prompts import SYNTHESIS_TASKS, SYNTH_ROLES, TASK_SYNTH_ANNOTATE, TASK_SYNTH_PREQUEL, TASK_SYNTH_SEED
-from icml_jax.synthesis.config import OfflineWorldConfig
+from icml_jax.llm.prompts import (
+    SYNTH_ROLES,
+    SYNTHESIS_TASKS,
+    TASK_SYNTH_ANNOTATE,
+    TASK_SYNTH_OPENING,
+    TASK_SYNTH_PREQUEL,
+    TASK_SYNTH_SEED,
+    TASK_SYNTH_SEQUEL,
+)
+from icml_jax.synthesis.config import DIRECTIONS, OfflineWorldConfig
 from icml_jax.synthesis.seeds import stable_hash
 
 USER, ASSISTANT = SYNTH_ROLES
@@ -33,7 +47,10 @@ USER, ASSISTANT = SYNTH_ROLES
 
 @dataclasses.dataclass(frozen=True)
 class StorylineKey:
-    """Everything a storyline depends on; travels in request metadata (`to_metadata` / `from_metadata`)."""
+    """Everything a storyline depends on; travels in request metadata (`to_metadata` / `from_metadata`).
+
+    `num_prequels`: sessions besides the seed / opening one; `direction`: "backward" or "forward" storylines.
+    """
 
     world: PersonaWorldConfig
     offline: OfflineWorldConfig
@@ -41,6 +58,12 @@ class StorylineKey:
     facts: tuple[str, ...]
     storyline: int = 0
     num_prequels: int = 4
+    direction: str = "backward"
+
+    def __post_init__(self) -> None:
+        """Rejects an unknown direction, naming it."""
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"StorylineKey.direction must be one of {DIRECTIONS}, got {self.direction!r}")
 
     def to_metadata(self) -> dict[str, Any]:
         """JSON-safe hints for the offline back end."""
@@ -52,6 +75,8 @@ class StorylineKey:
             "facts": list(self.facts),
             "storyline": self.storyline,
             "num_prequels": self.num_prequels,
+            # only when forward, so backward requests stay exactly as they were before the forward mode existed
+            **({"direction": self.direction} if self.direction != "backward" else {}),
         }
 
     @classmethod
@@ -68,6 +93,7 @@ class StorylineKey:
             facts=tuple(md["facts"]),
             storyline=int(md.get("storyline", 0)),
             num_prequels=int(md.get("num_prequels", 4)),
+            direction=str(md.get("direction", "backward")),
         )
 
 
@@ -142,7 +168,13 @@ def seed_session(key: StorylineKey) -> Session:
 
 
 def storyline_sessions(key: StorylineKey) -> list[Session]:
-    """Prequels 0..P-1 then the seed session, oldest first, each with the gap since the previous one."""
+    """The P + 1 sessions of the key's storyline, oldest first, each (but the first) with the gap since the
+    previous one: backward, prequels 0..P-1 then the seed session; forward, the opening session then P sequels."""
+    return _forward_sessions(key) if key.direction == "forward" else _backward_sessions(key)
+
+
+def _backward_sessions(key: StorylineKey) -> list[Session]:
+    """Prequels 0..P-1 planting the seed facts (and distractors), then the seed session that queries them."""
     facts = _check_kinds(key)
     world, off, P = key.world, key.offline, key.num_prequels
     rng = np.random.default_rng([stable_hash(key.seed_id), key.storyline + 1])
@@ -178,6 +210,50 @@ def storyline_sessions(key: StorylineKey) -> list[Session]:
     seed = seed_session(key)
     gap = GAPS[int(rng.integers(len(GAPS)))]
     sessions.append(dataclasses.replace(seed, gap_text=gap[0], gap_seconds=gap[1]))
+    return sessions
+
+
+def opening_session(key: StorylineKey) -> Session:
+    """Forward: the first session, stating every seed fact amid noise; depends on the seed only (shared by all
+    storylines of a seed, as the backward seed session is)."""
+    facts = _check_kinds(key)
+    rng = np.random.default_rng([stable_hash(key.seed_id), 0, 1])
+    return _render(key.world, rng, [_Item("fact", k, v) for k, v in facts], {}, None)
+
+
+def _forward_sessions(key: StorylineKey) -> list[Session]:
+    """Forward: the opening session, then P sessions in time order, each drawn from the facts known so far.
+
+    When new facts come up and whether a seed fact changes (and when) are drawn first; what a session asks is
+    drawn when it is written, from the facts stated before it, so no session is shaped by a later one.
+    """
+    facts = _check_kinds(key)
+    world, off, P = key.world, key.offline, key.num_prequels
+    rng = np.random.default_rng([stable_hash(key.seed_id), key.storyline + 1, 1])
+    seed_kinds = {k for k, _ in facts}
+    spare = [k for k in world.fact_kinds if k not in seed_kinds]
+    n = min(off.distractor_facts, len(spare))
+    arrivals = {str(k): int(rng.integers(1, P + 1))  # the session where each new fact comes up
+                for k in (rng.choice(np.array(spare), size=n, replace=False) if n else [])}
+    changes = {k: int(rng.integers(1, P + 1)) for k, v in facts  # the session where a seed fact changes
+               if any(x != v for x in world.values(k)) and rng.random() < off.update_prob}
+
+    sessions = [opening_session(key)]
+    current = dict(facts)  # what the user has stated so far: kind -> latest value
+    for s in range(1, P + 1):
+        items = [_Item("fact", k, _pick(rng, world.values(k))) for k, at in arrivals.items() if at == s]
+        items += [_Item("update", k, _pick(rng, [v for v in world.values(k) if v != current[k]]), old=current[k])
+                  for k, at in changes.items() if at == s]
+        if rng.random() < off.prequel_query_prob:
+            here = {it.fact_kind for it in items}
+            askable = sorted(k for k in current if k not in here)
+            if askable:
+                items.append(_Item("query", _pick(rng, askable)))
+        gap = GAPS[int(rng.integers(len(GAPS)))]
+        sessions.append(_render(world, rng, items, dict(current), gap))
+        for it in items:
+            if it.kind in ("fact", "update"):
+                current[it.fact_kind] = it.value
     return sessions
 
 
@@ -240,8 +316,20 @@ def answer(task: str, md: Mapping[str, Any]) -> str:
     key = StorylineKey.from_metadata(md)
     if task == TASK_SYNTH_SEED:
         return _session_json(seed_session(key), key.world.user_speaker)
-    sessions = storyline_sessions(key)
+    if task == TASK_SYNTH_OPENING:
+        return _session_json(opening_session(key), key.world.user_speaker)
+    if task in (TASK_SYNTH_PREQUEL, TASK_SYNTH_SEQUEL):  # the writer's task says the direction
+        key = dataclasses.replace(key, direction="forward" if task == TASK_SYNTH_SEQUEL else "backward")
+    sessions = storyline_sessions(key)  # annotate: the direction the metadata names
     P = key.num_prequels
+    if task == TASK_SYNTH_SEQUEL:
+        index, shown = int(md["session"]), md.get("sessions")
+        if not 1 <= index <= P:
+            raise ValueError(f"offline back end: sequel session {index} not in 1..{P} (seed {key.seed_id!r})")
+        if shown is not None and len(shown) != index:
+            raise ValueError(f"offline back end: sequel session {index} shown {len(shown)} earlier sessions "
+                             f"(seed {key.seed_id!r})")
+        return _session_json(sessions[index], key.world.user_speaker, gap_since_previous=sessions[index].gap_text)
     if task == TASK_SYNTH_PREQUEL:
         k = int(md["prequel"])
         if not 0 <= k < P:

@@ -20,7 +20,8 @@ class MalformedOutput(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class WrittenSession:
-    """A parsed writer answer: the session (dataset speaker labels) and the time until the next session."""
+    """A parsed writer answer: the session (dataset speaker labels) and the time until the next session (a sequel's
+    time since the previous one is stored on that previous session)."""
 
     session: Session
     gap_to_next: str | None
@@ -55,8 +56,10 @@ def parse_session(
     assistant_speaker: str,
     max_turns: int,
     want_gap: bool,
+    gap_key: str = "gap_to_next",
 ) -> WrittenSession:
-    """A written session: 1..max_turns turns, speakers 'user'/'assistant', non-empty texts, at least one user turn."""
+    """A written session: 1..max_turns turns, speakers 'user'/'assistant', non-empty texts, at least one user turn;
+    with `want_gap`, a non-empty `gap_key` string (a prequel's "gap_to_next", a sequel's "gap_since_previous")."""
     obj = _object(response)
     turns = obj.get("turns")
     if not isinstance(turns, list) or not turns:
@@ -76,9 +79,9 @@ def parse_session(
         out.append(Turn(user_speaker if role == USER else assistant_speaker, text.strip()))
     if not any(t.speaker == user_speaker for t in out):
         raise MalformedOutput("the session has no user turn")
-    gap = obj.get("gap_to_next")
+    gap = obj.get(gap_key)
     if want_gap and (not isinstance(gap, str) or not gap.strip()):
-        raise MalformedOutput(f"'gap_to_next' must be a non-empty string, got {gap!r}")
+        raise MalformedOutput(f"'{gap_key}' must be a non-empty string, got {gap!r}")
     return WrittenSession(Session(tuple(out)), gap.strip() if want_gap else None)
 
 

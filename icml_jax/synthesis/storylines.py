@@ -2,11 +2,19 @@
 
 Backward: every seed gets a seed session (written by the back end unless the seed brings one); every storyline
 then grows one prequel per round, newest first, each request showing the seed and all prequels written so far,
-so a prequel must stay consistent with everything later. Forward: each storyline is walked oldest session first
-and every user turn is labelled with its information gain (y_p = gain >= threshold) and the earlier turns it
-needs (y_t). One round = one batched pass over all live storylines. An unusable answer is re-asked (told why) up
-to `max_attempts` tries; then the storyline (or, for a seed session, all its storylines) is dropped and recorded
-as a Rejection. Back-end failures (BackendError) are not malformed output: they propagate and stop the run.
+so a prequel must stay consistent with everything later. Forward annotation: each storyline is walked oldest
+session first and every user turn is labelled with its information gain (y_p = gain >= threshold) and the
+earlier turns it needs (y_t).
+
+`config.direction == "forward"` swaps the writing for the generation the paper compares with (Table 12): every
+seed gets an opening session (the seed's own session, else written from its constraints), then every storyline
+grows one sequel per round, oldest first, each request showing only the sessions so far. Annotation, episodes
+and request counts are the same in both directions.
+
+One round = one batched pass over all live storylines. An unusable answer is re-asked (told why) up to
+`max_attempts` tries; then the storyline (or, for a seed / opening session, all its storylines) is dropped and
+recorded as a Rejection. Back-end failures (BackendError) are not malformed output: they propagate and stop the
+run.
 """
 
 from __future__ import annotations
@@ -53,8 +61,9 @@ class Rejection:
     """A storyline (or a seed's storylines) dropped after its last try: where, why and what the model said."""
 
     seed_id: str
-    storyline: int | None  # None: the seed session failed, so every storyline of the seed is dropped
-    stage: str  # "seed", "prequel_<k>" (k-th written backwards), "annotate_<s>" (session s in time order)
+    storyline: int | None  # None: the seed / opening session failed, so every storyline of the seed is dropped
+    # "seed" / "opening", "prequel_<k>" (k-th written backwards), "sequel_<s>" / "annotate_<s>" (s: time order)
+    stage: str
     attempts: int
     errors: tuple[str, ...]
     raw: str
@@ -122,7 +131,8 @@ def ask(
 
 @dataclasses.dataclass
 class Storyline:
-    """A storyline being built: its seed, index, sessions (oldest first, seed last) and, later, their labels."""
+    """A storyline being built: its seed, index, sessions (oldest first; the seed session last when backward,
+    first when forward) and, later, their labels."""
 
     seed: SeedSpec
     index: int
@@ -132,7 +142,7 @@ class Storyline:
     def key(self, config: SynthesisConfig) -> StorylineKey:
         """The hints the offline back end reads for this storyline."""
         return StorylineKey(config.world, config.offline, self.seed.seed_id, self.seed.facts, self.index,
-                            config.prequels_per_storyline)
+                            config.prequels_per_storyline, config.direction)
 
     def dialogues(self, upto: int | None = None) -> list[tuple[str | None, list[tuple[str, str]]]]:
         """(gap since the previous session, [(speaker, text)]) of sessions 0..upto-1 (all by default)."""
@@ -158,15 +168,19 @@ def _rejection(seed_id: str, storyline: int | None, stage: str, outcome: Outcome
 def write_seed_sessions(backend: LLMBackend, seeds: Sequence[SeedSpec], config: SynthesisConfig,
                         stats: RequestStats, rejections: list[Rejection], *,
                         progress: tqdm | None = None) -> list[SeedSpec]:
-    """Seeds with their session: given ones as they are, the rest written by the back end; failures rejected."""
+    """Seeds with their session: given ones as they are, the rest written by the back end; failures rejected.
+
+    Backward the written session is the seed session the prequels lead up to; forward it is the opening one.
+    """
     todo = [s for s in seeds if s.session is None]
     world = config.world
+    forward = config.direction == "forward"
+    build = prompts.synthesis_opening_request if forward else prompts.synthesis_seed_request
     requests = [
-        prompts.synthesis_seed_request(
-            s.facts, turns=config.turns_per_session, temperature=config.temperature,
-            max_output_tokens=config.max_output_tokens,
-            metadata=StorylineKey(world, config.offline, s.seed_id, s.facts, 0,
-                                  config.prequels_per_storyline).to_metadata())
+        build(s.facts, turns=config.turns_per_session, temperature=config.temperature,
+              max_output_tokens=config.max_output_tokens,
+              metadata=StorylineKey(world, config.offline, s.seed_id, s.facts, 0, config.prequels_per_storyline,
+                                    config.direction).to_metadata())
         for s in todo
     ]
     parse = lambda i, r: parse_session(r, user_speaker=world.user_speaker,  # noqa: E731
@@ -177,7 +191,7 @@ def write_seed_sessions(backend: LLMBackend, seeds: Sequence[SeedSpec], config: 
     written = {}
     for seed, out in zip(todo, outcomes, strict=True):
         if out.value is None:
-            rejections.append(_rejection(seed.seed_id, None, "seed", out))
+            rejections.append(_rejection(seed.seed_id, None, "opening" if forward else "seed", out))
             _advance(progress, config.storylines_per_seed * (2 * config.prequels_per_storyline + 1))
         else:
             written[seed.seed_id] = dataclasses.replace(seed, session=out.value.session)
@@ -211,6 +225,41 @@ def write_prequels(backend: LLMBackend, storylines: list[Storyline], config: Syn
                 _advance(progress, 2 * P - k)  # its later prequels and all its annotations
             else:
                 st.sessions.insert(0, out.value)
+                survivors.append(st)
+        alive = survivors
+    return alive
+
+
+def write_sequels(backend: LLMBackend, storylines: list[Storyline], config: SynthesisConfig,
+                  stats: RequestStats, rejections: list[Rejection], *,
+                  progress: tqdm | None = None) -> list[Storyline]:
+    """Grows every storyline forwards by `prequels_per_storyline` sessions, each written from the sessions so far
+    only (oldest first); returns the ones that made it."""
+    world, P = config.world, config.prequels_per_storyline
+    alive = storylines
+    for s in range(1, P + 1):
+        requests = [
+            prompts.synthesis_sequel_request(
+                st.seed.facts, st.dialogues(), total=P + 1, turns=config.turns_per_session,
+                temperature=config.temperature, max_output_tokens=config.max_output_tokens,
+                metadata=st.key(config).to_metadata())
+            for st in alive
+        ]
+        parse = lambda i, r: parse_session(r, user_speaker=world.user_speaker,  # noqa: E731
+                                           assistant_speaker=world.assistant_speaker,
+                                           max_turns=config.max_turns_per_session, want_gap=True,
+                                           gap_key="gap_since_previous")
+        outcomes = ask(backend, requests, parse, max_attempts=config.max_attempts, batch_size=config.batch_size,
+                       stats=stats, progress=progress)
+        survivors = []
+        for st, out in zip(alive, outcomes, strict=True):
+            if out.value is None:
+                rejections.append(_rejection(st.seed.seed_id, st.index, f"sequel_{s}", out))
+                _advance(progress, 2 * P + 1 - s)  # its later sequels and all its annotations
+            else:
+                # the time since the previous session is that session's time until the next one
+                st.sessions[-1] = dataclasses.replace(st.sessions[-1], gap_to_next=out.value.gap_to_next)
+                st.sessions.append(WrittenSession(out.value.session, None))
                 survivors.append(st)
         alive = survivors
     return alive
@@ -251,9 +300,12 @@ def annotate(backend: LLMBackend, storylines: list[Storyline], config: Synthesis
 
 
 def to_episode(st: Storyline, config: SynthesisConfig, backend_name: str) -> Episode:
-    """The labelled Episode of a finished storyline (assistant turns: y_p False, y_t ())."""
+    """The labelled Episode of a finished storyline (assistant turns: y_p False, y_t ()); session roles: "seed"
+    and "prequel" (backward, seed last) or "seed" and "sequel" (forward, seed first)."""
     sessions = []
-    last = len(st.sessions) - 1
+    forward = config.direction == "forward"
+    seed_at = 0 if forward else len(st.sessions) - 1
+    other = "sequel" if forward else "prequel"
     for si, (written, labels) in enumerate(zip(st.sessions, st.labels, strict=True)):
         turns = []
         for ti, turn in enumerate(written.session.turns):
@@ -265,14 +317,14 @@ def to_episode(st: Storyline, config: SynthesisConfig, backend_name: str) -> Epi
                                   y_t=label.needs, meta={"gain": label.gain}))
         gap = st.sessions[si - 1].gap_to_next if si else None
         sessions.append(Session(tuple(turns), timegap.gap_seconds(gap), gap,
-                                meta={"role": "seed" if si == last else "prequel"}))
+                                meta={"role": "seed" if si == seed_at else other}))
     return Episode(
         dataset=DATASET,
         episode_id=f"{st.seed.seed_id}/story{st.index}",
         sessions=tuple(sessions),
         personas={config.world.user_speaker: st.seed.facts},
         meta={"seed_id": st.seed.seed_id, "storyline": st.index, "facts": list(st.seed.facts),
-              "seed_session": last, "backend": backend_name},
+              "seed_session": seed_at, "backend": backend_name},
     ).validate()
 
 
@@ -286,10 +338,12 @@ class SynthesisResult:
 
 
 def synthesize_episodes(config: SynthesisConfig, backend: LLMBackend, seeds: Sequence[SeedSpec]) -> SynthesisResult:
-    """Seeds -> seed sessions -> storylines written backwards -> annotated forwards -> labelled Episodes.
+    """Seeds -> seed sessions -> storylines written backwards -> annotated forwards -> labelled Episodes
+    (`config.direction == "forward"`: seeds -> opening sessions -> storylines written forwards -> the same).
 
-    A progress bar (stderr) counts the first tries of every request the storylines need (seed sessions,
-    prequels, annotations); a dropped storyline's remaining requests count as done, so its total and ETA hold.
+    A progress bar (stderr) counts the first tries of every request the storylines need (seed / opening
+    sessions, prequels / sequels, annotations: the same numbers in both directions); a dropped storyline's
+    remaining requests count as done, so its total and ETA hold.
     """
     stats, rejections = RequestStats(), []
     per_storyline = 2 * config.prequels_per_storyline + 1
@@ -298,9 +352,10 @@ def synthesize_episodes(config: SynthesisConfig, backend: LLMBackend, seeds: Seq
         ready = write_seed_sessions(backend, seeds, config, stats, rejections, progress=progress)
         storylines = [Storyline(seed, j, [WrittenSession(seed.session, None)])
                       for seed in ready for j in range(config.storylines_per_seed)]
-        storylines = write_prequels(backend, storylines, config, stats, rejections, progress=progress)
+        grow = write_sequels if config.direction == "forward" else write_prequels
+        storylines = grow(backend, storylines, config, stats, rejections, progress=progress)
         storylines = annotate(backend, storylines, config, stats, rejections, progress=progress)
     episodes = tuple(to_episode(st, config, backend.name) for st in storylines)
-    logging.info("synthesis: %d episodes from %d seeds, %d rejections, %s", len(episodes), len(seeds),
-                 len(rejections), stats)
+    logging.info("synthesis (%s): %d episodes from %d seeds, %d rejections, %s", config.direction, len(episodes),
+                 len(seeds), len(rejections), stats)
     return SynthesisResult(episodes, tuple(rejections), stats)

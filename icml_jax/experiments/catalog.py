@@ -1,0 +1,496 @@
+"""One function per paper result. Each builds its variants with `runs` under `<root>/seed<k>/<variant>` and
+returns a `tables.Report`. Variant directories are named the same in every experiment (base, ours, no_planner,
+lambda_0.3, baseline_mem0, ...), so experiments run on one workdir share whatever they have in common: `ablation`
+after `main` reuses its warm-up and its trained agent, `judges` rejudges `main`'s replies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from icml_jax.evaluation.report import TABLE1, TABLE8
+from icml_jax.experiments import runs
+from icml_jax.experiments.tables import JUDGE_COLUMNS, Report, metrics_of
+
+
+@dataclasses.dataclass
+class Context:
+    """The experiment's config, workdir and seeds, and where progress lines go."""
+
+    config: ml_collections.ConfigDict
+    root: Path
+    seeds: Sequence[int]
+    log: Callable[[str], None] = print
+
+    def seed_dir(self, seed: int) -> Path:
+        return self.root / f"seed{seed}"
+
+    def cfg(self, seed: int) -> ml_collections.ConfigDict:
+        return runs.seed_config(self.config, seed)
+
+    def exp(self, key: str, default: Any = None) -> Any:
+        return (self.config.get("experiments") or {}).get(key, default)
+
+
+REPLY_COLUMNS = {c: ("B-4" if c == "BLEU-4" else "R-L" if c == "ROUGE-L" else "Bert" if c == "BERTScore" else c)
+                 for c in TABLE1}
+MEMORY_COLUMNS = {"planner_precision": "P-prec", "planner_recall": "P-rec", "trigger_recall": "T-rec"}
+ORACLE = ("The offline judge is an oracle: it scores a reply by whether the memory it used is the one the data's "
+          "labels say the turn needs, and the offline generator quotes that memory; judge columns and the learning "
+          "they drive show whether the right memory reached the reply, not reply quality.")
+
+
+# ------------------------------------------------------------------------------------------- shared variants
+
+
+def warm(ctx: Context, seed: int) -> Path:
+    """The seed's synthesis + warm-up (`base`), the start of every variant that learns online."""
+    ctx.log(f"seed {seed}: synthesis and warm-up")
+    return runs.base_run(ctx.cfg(seed), ctx.seed_dir(seed))
+
+
+def trained(ctx: Context, seed: int, name: str, overrides: dict[str, Any] | None = None, *,
+            from_warmup: bool = True) -> Path:
+    """An online run named `name` from the seed's warm-up (or from untrained heads)."""
+    start = warm(ctx, seed) if from_warmup else None
+    ctx.log(f"seed {seed}: online learning ({name})")
+    return runs.online_run(ctx.cfg(seed), ctx.seed_dir(seed) / name, init_from=start, overrides=overrides)
+
+
+def scored(ctx: Context, seed: int, workdir: Path, system: str, *, overrides: dict[str, Any] | None = None,
+           checkpoint: Path | None = None, factory: Callable | None = None) -> dict[str, Any]:
+    """The evaluation of a trained run (or a checkpoint, or a baseline's agent), as results.json content."""
+    ctx.log(f"seed {seed}: evaluating {system}")
+    cfg = runs.derive(ctx.cfg(seed), overrides or {})
+    return runs.evaluate(cfg, workdir, ctx.root, system=system, checkpoint=checkpoint, factory=factory)
+
+
+def ours(ctx: Context, seed: int) -> dict[str, Any]:
+    """The full method: warm-up, then online learning; evaluated."""
+    return scored(ctx, seed, trained(ctx, seed, "ours"), "ours")
+
+
+def baseline(ctx: Context, seed: int, name: str) -> dict[str, Any]:
+    """A baseline (icml_jax.baselines) on the same episodes, back ends and caches."""
+    from icml_jax.baselines import baseline_factory
+
+    return scored(ctx, seed, ctx.seed_dir(seed) / f"baseline_{name}", name, factory=baseline_factory(name))
+
+
+def _setting_note(content: dict[str, Any]) -> str:
+    s = content["setting"]
+    return f"{len(s['episode_ids'])} evaluation episodes ({s['selection']}), {content['targets']} targets"
+
+
+def _provenance(content: dict[str, Any]) -> dict[str, Any]:
+    s = content["setting"]
+    return {k: s.get(k) for k in ("checkpoint", "baseline", "selection", "backend_requests", "llm_usage")
+            if k in s} | {"episode_ids": s["episode_ids"]}
+
+
+def _rows(ctx: Context, variants: dict[str, Callable[[int], dict[str, Any]]], report: Report,
+          metric: Callable[[dict[str, Any]], dict[str, Any]] = metrics_of) -> dict[str, dict[int, dict[str, Any]]]:
+    """Runs every variant for every seed; fills report.rows and report.provenance; returns the raw contents."""
+    contents: dict[str, dict[int, dict[str, Any]]] = {}
+    for seed in ctx.seeds:
+        for name, fn in variants.items():
+            content = fn(seed)
+            contents.setdefault(name, {})[seed] = content
+            report.rows.setdefault(name, {})[seed] = metric(content)
+            report.provenance.setdefault(name, {})[seed] = _provenance(content)
+    if contents:
+        first = next(iter(next(iter(contents.values())).values()))
+        report.notes.append(f"Each run: {_setting_note(first)}.")
+    return contents
+
+
+# ------------------------------------------------------------------------------------------------ experiments
+
+
+def main(ctx: Context) -> Report:
+    """Table 1: ours against every baseline on the config's dataset."""
+    names = list(ctx.exp("baselines", ()))
+    report = Report("main", "Ours against the baselines", "Table 1",
+                    {**REPLY_COLUMNS, "trigger_recall": "T-rec", "prompt_tokens": "prompt tok",
+                     "storage_tokens": "stored tok"}, {})
+    variants = {"ours": lambda s: ours(ctx, s)}
+    variants |= {n: (lambda s, n=n: baseline(ctx, s, n)) for n in names}
+    _rows(ctx, variants, report)
+    report.notes += [ORACLE, "T-rec: trigger recall (a needed memory reached the reply), over history and "
+                     "target turns; prompt tok: reply prompt tokens per target; stored tok: memory tokens after "
+                     "the last history session."]
+    return report
+
+
+ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {  # name -> (what it removes, overrides of the online run)
+    "w/o synthetic data": ("no warm-up: online learning from untrained heads", {}),
+    "w/o Planner": ("every user turn saved (learner.planner_rule=save_all), Planner not trained",
+                    {"learner.planner_rule": "save_all"}),
+    "w/o Trigger": ("BM25 top-1 recall (learner.trigger_rule=lexical), Trigger not trained",
+                    {"learner.trigger_rule": "lexical"}),
+    "w/o truth reward": ("lambda = 0 and every save rewarded at the next update (no pending buffer)",
+                         {"rl.reward.truth_lambda": 0.0, "rl.reward.untriggered": "proxy"}),
+    "w/o evolution": ("the warm-up policy, no online learning", {}),
+}
+_ABLATION_DIRS = {"w/o synthetic data": "no_synthetic", "w/o Planner": "no_planner", "w/o Trigger": "no_trigger",
+                  "w/o truth reward": "no_truth", "w/o evolution": "no_evolution"}
+
+
+def ablation(ctx: Context) -> Report:
+    """Table 2: the full method and each component removed."""
+    report = Report("ablation", "Ablations", "Table 2",
+                    {**REPLY_COLUMNS, **MEMORY_COLUMNS}, {}, row_header="variant")
+
+    def variant(name: str) -> Callable[[int], dict[str, Any]]:
+        overrides, dirname = ABLATIONS[name][1], _ABLATION_DIRS[name]
+
+        def run(seed: int) -> dict[str, Any]:
+            if name == "w/o evolution":
+                return scored(ctx, seed, ctx.seed_dir(seed) / dirname, dirname, checkpoint=warm(ctx, seed))
+            workdir = trained(ctx, seed, dirname, overrides, from_warmup=name != "w/o synthetic data")
+            return scored(ctx, seed, workdir, dirname, overrides=overrides)
+
+        return run
+
+    _rows(ctx, {"full": lambda s: ours(ctx, s)} | {n: variant(n) for n in ABLATIONS}, report)
+    report.notes += [f"{n}: {what}." for n, (what, _) in ABLATIONS.items()] + [ORACLE]
+    return report
+
+
+def _scale_seeds(config: ml_collections.ConfigDict, episodes: int) -> int:
+    """Seed sessions that give about `episodes` synthesized training episodes (storylines per seed, less the
+    held-out fraction)."""
+    syn = config.synthesis
+    per_seed = int(syn.storylines_per_seed) * (1.0 - float(syn.heldout_fraction))
+    return max(2, math.ceil(episodes / per_seed))
+
+
+def synthetic_scale(ctx: Context) -> Report:
+    """Table 3: the warm-up on 0 / 0.1K / 0.25K / 0.5K / 1K synthesized episodes, then online learning."""
+    report = Report("synthetic_scale", "Scale of the synthetic data", "Table 3",
+                    {"synthesized": "train episodes", **REPLY_COLUMNS, **MEMORY_COLUMNS}, {},
+                    row_header="synthesized (asked)")
+    variants = {}
+    for n in ctx.exp("synthetic_scale", ()):
+        def run(seed: int, n: int = n) -> dict[str, Any]:
+            if n == 0:
+                content = scored(ctx, seed, trained(ctx, seed, "no_synthetic", from_warmup=False), "no_synthetic")
+                return {**content, "synthesized": 0}
+            overrides = {"synthesis.num_seeds": _scale_seeds(ctx.config, n)}
+            ctx.log(f"seed {seed}: synthesis and warm-up on ~{n} episodes")
+            start = runs.base_run(ctx.cfg(seed), ctx.seed_dir(seed), name=f"base_scale_{n}", overrides=overrides)
+            manifest = json.loads((start.parent / "synthesis" / "manifest.json").read_text(encoding="utf-8"))
+            workdir = runs.online_run(ctx.cfg(seed), ctx.seed_dir(seed) / f"scale_{n}", init_from=start,
+                                      overrides=overrides)
+            content = scored(ctx, seed, workdir, f"scale_{n}", overrides=overrides)
+            return {**content, "synthesized": manifest["counts"]["train"]["episodes"]}
+
+        variants[str(n)] = run
+    _rows(ctx, variants, report, metric=lambda c: {**metrics_of(c), "synthesized": c["synthesized"]})
+    report.notes += ["The warm-up's steps grow with the data (warmup.epochs passes over it); online learning is the "
+                     "same for every row.", ORACLE]
+    return report
+
+
+def _judge_block(ctx: Context, spec: str) -> dict[str, Any]:
+    """A judge back-end block from an `experiments.judges` entry: offline, generator, judge, or a local model dir."""
+    if spec == "offline":
+        return {"kind": "offline"}
+    if spec in ("generator", "judge"):
+        return ctx.config.llm[spec].to_dict()
+    path = Path(spec).expanduser()
+    if not (path / "config.json").is_file():
+        raise ValueError(f"experiments.judges entry {spec!r} is not offline / generator / judge or a local model "
+                         "directory (config.json missing)")
+    return {"kind": "local", "model_dir": str(path), "dtype": "float32"}
+
+
+def judges(ctx: Context) -> Report:
+    """Tables 7 and 11: the same replies (ours and the baselines of `main`) judged by several back ends; the
+    systems' ranking per judge and each judge's per-reply agreement with the first."""
+    import icml_jax.llm.local  # noqa: F401  (registers the local back end)
+    from scipy.stats import pearsonr, spearmanr
+
+    from icml_jax.evaluate import EVAL_DIR, eval_episodes
+    from icml_jax.evaluation.cache import CachedBackend, ResponseCache
+    from icml_jax.evaluation.judging import judge_targets
+    from icml_jax.evaluation.report import TARGETS_JSONL
+    from icml_jax.llm.judges import QualityJudge
+    from icml_jax.llm.registry import make_backend
+
+    specs = list(ctx.exp("judges", ("offline",)))
+    systems = ["ours", *ctx.exp("baselines", ())]
+    columns = {f"{spec}|{d}": f"{Path(spec).name} {d[:5]}." for spec in specs for d in ("mean", "failures")}
+    report = Report("judges", "One run, several judges", "Tables 7 and 11", columns, {})
+    agreement: dict[str, Any] = {}
+    for seed in ctx.seeds:
+        main(dataclasses.replace(ctx, seeds=[seed]))  # the systems' replies (reused when main already ran)
+        cfg = ctx.cfg(seed)
+        episodes = eval_episodes(cfg)
+        per_target: dict[str, dict[str, list[float | None]]] = {}
+        with ResponseCache(ctx.root / runs.EVAL_CACHE) as cache:
+            for spec in specs:
+                block = _judge_block(ctx, spec)
+                backend = CachedBackend(make_backend(ml_collections.ConfigDict(block)), cache, block)
+                try:
+                    for system in systems:
+                        name = "ours" if system == "ours" else f"baseline_{system}"
+                        path = ctx.seed_dir(seed) / name / EVAL_DIR / TARGETS_JSONL
+                        rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+                        holder = [type("R", (), {"targets": rows})()]
+                        judge_targets(QualityJudge(backend), holder, episodes)
+                        means = [None if not r.get("judge") else float(np.mean(list(r["judge"].values())))
+                                 for r in rows]
+                        per_target.setdefault(spec, {})[system] = means
+                        valid = [m for m in means if m is not None]
+                        metrics = report.rows.setdefault(system, {}).setdefault(seed, {})
+                        metrics[f"{spec}|mean"] = 100.0 * float(np.mean(valid)) if valid else None
+                        metrics[f"{spec}|failures"] = float(len(means) - len(valid))
+                finally:
+                    backend.close()
+        ref = specs[0]
+        for spec in specs[1:]:
+            xs, ys = [], []
+            for system in systems:
+                for a, b in zip(per_target[ref][system], per_target[spec][system], strict=True):
+                    if a is not None and b is not None:
+                        xs.append(a)
+                        ys.append(b)
+            rank_ref = [np.nanmean([m for m in per_target[ref][s] if m is not None] or [np.nan]) for s in systems]
+            rank_spec = [np.nanmean([m for m in per_target[spec][s] if m is not None] or [np.nan]) for s in systems]
+            ok = len(xs) >= 3 and len(set(xs)) > 1 and len(set(ys)) > 1
+            agreement.setdefault(spec, {})[seed] = {
+                "pearson_per_reply": float(pearsonr(xs, ys).statistic) if ok else None,
+                "spearman_systems": (float(spearmanr(rank_ref, rank_spec).statistic)
+                                     if len(systems) > 2 and np.all(np.isfinite(rank_ref + rank_spec)) else None),
+                "replies": len(xs)}
+    report.extra["agreement_with_first_judge"] = agreement
+    report.notes += [f"Judges: {specs}; each cell is the mean normalized 1-5 score (percent) over the five "
+                     "dimensions of the replies it judged; failures: verdicts that stayed invalid (left out).",
+                     f"Agreement with {specs[0]} (per-reply Pearson r, system-ranking Spearman rho) is in the JSON "
+                     "under extra.agreement_with_first_judge.", ORACLE]
+    return report
+
+
+def exploration(ctx: Context) -> Report:
+    """Table 8: per history session, the Planner's miss rate and false-positive rate and the proxy / truth reward
+    correlation of the saves made in that session."""
+    report = Report("exploration", "Exploration per session", "Table 8",
+                    {"planner_miss_rate": "miss rate", "planner_false_positive_rate": "FPR",
+                     "proxy_truth_r": "proxy/truth r", "saves_used": "saves used"}, {}, row_header="session")
+    for seed in ctx.seeds:
+        content = ours(ctx, seed)
+        per_r = {p["session"]: p for p in (content["memory"].get("proxy_truth") or {}).get("per_session", [])}
+        for row in content["memory_per_session"][:-1]:  # the last session holds the targets
+            n = row["session"]
+            report.rows.setdefault(f"session {n}", {})[seed] = {
+                "planner_miss_rate": row.get("planner_miss_rate"),
+                "planner_false_positive_rate": row.get("planner_false_positive_rate"),
+                "proxy_truth_r": (per_r.get(n) or {}).get("r"), "saves_used": (per_r.get(n) or {}).get("saves_used")}
+        report.provenance[str(seed)] = _provenance(content)
+    report.notes += ["The trained agent (`ours`), greedy, on the evaluation episodes; r is None where fewer than 3 "
+                     "saves of that session were used by a reply.", ORACLE]
+    return report
+
+
+def lambda_(ctx: Context) -> Report:
+    """Table 10: the truth-reward weight lambda."""
+    report = Report("lambda", "Truth-reward weight", "Table 10", {**REPLY_COLUMNS, **MEMORY_COLUMNS}, {},
+                    row_header="lambda")
+    default = float(ctx.config.rl.reward.truth_lambda)
+    variants = {}
+    for lam in ctx.exp("lambdas", ()):
+        lam = float(lam)
+        if lam == default:
+            variants[f"{lam:g}"] = lambda s: ours(ctx, s)
+        else:
+            over = {"rl.reward.truth_lambda": lam}
+            variants[f"{lam:g}"] = (lambda s, lam=lam, over=over: scored(
+                ctx, s, trained(ctx, s, f"lambda_{lam:g}", over), f"lambda_{lam:g}", overrides=over))
+    _rows(ctx, variants, report)
+    report.notes += [f"lambda {default:g} is the config's own run (`ours`).", ORACLE]
+    return report
+
+
+def synthesis_direction(ctx: Context) -> Report:
+    """Table 12: storylines written backwards from the seed (ours) against sessions generated forwards."""
+    report = Report("synthesis_direction", "Backward storylines vs forward generation", "Table 12",
+                    {"needed_pairs": "needed pairs", "warmup_trigger_acc": "warm-up T-acc", **REPLY_COLUMNS,
+                     **MEMORY_COLUMNS}, {}, row_header="synthesis")
+
+    def stats(base: Path) -> dict[str, Any]:
+        manifest = json.loads((base / "synthesis" / "manifest.json").read_text(encoding="utf-8"))
+        progress = json.loads((base / "progress.json").read_text(encoding="utf-8"))
+        train = manifest["counts"]["train"]
+        return {"needed_pairs": train.get("needed_pairs", train.get("trigger", {}).get("examples")),
+                "warmup_trigger_acc": progress["done"].get("warmup", {}).get("after/trigger/accuracy")}
+
+    def run(seed: int, direction: str) -> dict[str, Any]:
+        if direction == "backward":
+            start = warm(ctx, seed)
+            content = ours(ctx, seed)
+        else:
+            over = {"synthesis.direction": "forward"}
+            ctx.log(f"seed {seed}: forward synthesis and warm-up")
+            start = runs.base_run(ctx.cfg(seed), ctx.seed_dir(seed), name="base_forward", overrides=over)
+            workdir = runs.online_run(ctx.cfg(seed), ctx.seed_dir(seed) / "forward", init_from=start, overrides=over)
+            content = scored(ctx, seed, workdir, "forward", overrides=over)
+        return {**content, "_synthesis": stats(start.parent)}
+
+    _rows(ctx, {"backward (ours)": lambda s: run(s, "backward"), "forward": lambda s: run(s, "forward")}, report,
+          metric=lambda c: {**metrics_of(c), **c["_synthesis"]})
+    report.notes += ["needed pairs: the synthesized training data's Trigger examples (a turn and the earlier turn it "
+                     "needs); warm-up T-acc: the warm-up's held-out Trigger accuracy.", ORACLE]
+    return report
+
+
+def size_grid(ctx: Context) -> Report:
+    """Figure 6: Planner backbone size x Trigger backbone size (a different backbone per agent)."""
+    sizes = list(ctx.exp("size_grid", ()))
+    tiny = ctx.config.model.kind == "tiny"
+    if not sizes:
+        sizes = [int(ctx.config.model.hidden)] if tiny else [ctx.config.model.path]
+    report = Report("size_grid", "Planner size x Trigger size", "Figure 6",
+                    {"planner": "Planner", "trigger": "Trigger", **MEMORY_COLUMNS, "Memorability": "Memorability"},
+                    {}, row_header="Planner x Trigger")
+
+    def label(x: Any) -> str:
+        return f"h{x}" if tiny else Path(str(x)).name
+
+    variants = {}
+    for p in sizes:
+        for t in sizes:
+            over = ({"model.hidden": int(p), "model.trigger_hidden": int(t)} if tiny else
+                    {"policy.planner_model": str(p), "policy.trigger_model": str(t), "model.path": str(p)})
+            name = f"grid_{label(p)}_x_{label(t)}"
+
+            def run(seed: int, over: dict[str, Any] = over, name: str = name) -> dict[str, Any]:
+                synthesis = warm(ctx, seed).parent / "synthesis"
+                ctx.log(f"seed {seed}: {name}")
+                workdir = runs.full_run(ctx.cfg(seed), ctx.seed_dir(seed) / name, synthesis_from=synthesis,
+                                        overrides=over)
+                return scored(ctx, seed, workdir, name, overrides=over)
+
+            variants[f"{label(p)} x {label(t)}"] = run
+    _rows(ctx, variants, report)
+    for v, per in report.rows.items():
+        for m in per.values():
+            m["planner"], m["trigger"] = None, None
+    report.columns.pop("planner")
+    report.columns.pop("trigger")
+    names = [label(s) for s in sizes]
+
+    def figure(path: Path) -> None:
+        import matplotlib.pyplot as plt
+
+        from icml_jax.experiments.tables import aggregate
+
+        fig, axes = plt.subplots(1, 2, figsize=(8, 3.4))
+        for ax, key in zip(axes, ("trigger_recall", "planner_precision"), strict=True):
+            grid = np.full((len(sizes), len(sizes)), np.nan)
+            for i, p in enumerate(names):
+                for j, t in enumerate(names):
+                    m = aggregate(report.rows[f"{p} x {t}"]).get(key, {}).get("mean")
+                    grid[i, j] = np.nan if m is None else 100 * m
+            im = ax.imshow(grid, cmap="viridis", origin="lower")
+            ax.set_xticks(range(len(names)), names)
+            ax.set_yticks(range(len(names)), names)
+            ax.set_xlabel("Trigger backbone")
+            ax.set_ylabel("Planner backbone")
+            ax.set_title(key.replace("_", " ") + " (%)")
+            fig.colorbar(im, ax=ax)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+
+    report.figure = figure
+    report.notes += ["Tiny backbones: sizes are hidden widths (`model.hidden` for the Planner, `model.trigger_hidden` "
+                     "for the Trigger); pretrained ones: model directories sharing one tokenizer (one family).",
+                     ORACLE]
+    return report
+
+
+def ten_sessions(ctx: Context) -> Report:
+    """Figure 7: planner precision and trigger recall per session over episodes of 10 sessions."""
+    if ctx.config.data.name != "persona_world":
+        raise ValueError("ten_sessions needs the persona world (config.data.name='persona_world'): the real "
+                         "datasets have at most 5 sessions per episode")
+    n = int(ctx.exp("sessions", 10))
+    over = {"data.world.num_sessions": n}
+    report = Report("ten_sessions", f"{n} sessions", "Figure 7", {**MEMORY_COLUMNS, "save_rate": "save rate"}, {},
+                    row_header="session")
+    contents = {}
+    for seed in ctx.seeds:
+        ctx.log(f"seed {seed}: {n}-session episodes")
+        workdir = runs.full_run(runs.derive(ctx.cfg(seed), over), ctx.seed_dir(seed) / f"sessions_{n}")
+        content = scored(ctx, seed, workdir, f"sessions_{n}", overrides=over)
+        contents[seed] = content
+        for row in content["memory_per_session"]:
+            report.rows.setdefault(f"session {row['session']}", {})[seed] = {k: row.get(k) for k in report.columns}
+        report.provenance[str(seed)] = _provenance(content)
+
+    def figure(path: Path) -> None:
+        import matplotlib.pyplot as plt
+
+        from icml_jax.experiments.tables import aggregate
+
+        fig, ax = plt.subplots(figsize=(6, 3.4))
+        xs = list(range(1, len(report.rows) + 1))
+        for key, label in (("planner_precision", "planner precision"), ("trigger_recall", "trigger recall")):
+            ys = [aggregate(report.rows[f"session {x}"]).get(key, {}).get("mean") for x in xs]
+            ax.plot(xs, [np.nan if y is None else 100 * y for y in ys], marker="o", label=label)
+        ax.set_xlabel("session")
+        ax.set_ylabel("%")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+
+    report.figure = figure
+    report.notes += [f"Persona-world episodes of {n} sessions (the world's num_sessions); session {n} holds the "
+                     "evaluation targets (trigger recall only).", ORACLE]
+    return report
+
+
+def policy_maps(ctx: Context) -> Report:
+    """Figure 5: the Planner's save probability over one episode's user turns before (warm-up) and after online
+    learning, and a 2-D projection of the Trigger's query and memory features with the needed pairs marked."""
+    from icml_jax.experiments.policy_maps import episode_maps, plot_maps
+
+    index = int(ctx.exp("policy_map_episode", 0))
+    report = Report("policy_maps", "What the policies learned", "Figure 5",
+                    {"save_prob_gold": "p(save) y_p=1", "save_prob_other": "p(save) y_p=0",
+                     "pair_distance": "pair dist", "other_distance": "other dist"}, {}, row_header="policy")
+    maps: dict[int, Any] = {}
+    for seed in ctx.seeds:
+        start = warm(ctx, seed)
+        final = trained(ctx, seed, "ours")
+        maps[seed] = episode_maps(ctx.cfg(seed), ctx.seed_dir(seed) / "policy_maps",
+                                  {"untrained": None, "warm-up": start, "online": final / "policy"}, index)
+        for name, m in maps[seed]["policies"].items():
+            report.rows.setdefault(name, {})[seed] = m["summary"]
+    report.extra["maps"] = maps
+    report.figure = lambda path: plot_maps(maps[ctx.seeds[0]], path)
+    report.notes += ["p(save): the Planner's mean save probability over the episode's user turns whose label y_p "
+                     "is 1 / 0, playing the episode greedily with that policy; pair dist: mean distance in the "
+                     "Trigger's feature space between a query and the memory it needs, other dist: to the other "
+                     "memories (smaller pair dist than other dist = the Trigger separates them).",
+                     "The figure shows the first seed; every point is in the JSON (extra.maps)."]
+    return report
+
+
+EXPERIMENTS: dict[str, Callable[[Context], Report]] = {
+    "main": main, "ablation": ablation, "synthetic_scale": synthetic_scale, "judges": judges,
+    "exploration": exploration, "lambda": lambda_, "synthesis_direction": synthesis_direction,
+    "size_grid": size_grid, "ten_sessions": ten_sessions, "policy_maps": policy_maps,
+}
+
+__all__ = ["ABLATIONS", "EXPERIMENTS", "Context", "ORACLE"]

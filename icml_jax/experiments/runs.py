@@ -1,0 +1,142 @@
+"""The experiments' building blocks: a variant is a config derived from the experiment's config, trained by the
+main job in its own workdir and scored by the evaluation protocol. What variants share runs once per seed (the
+synthesis and the warm-up, in `<root>/seed<k>/base`), and all evaluations share one back-end answer cache.
+
+Every step resumes: the main job resumes its workdir (and refuses one holding another config), and an
+evaluation whose `results.json` was written for the same config and system is read back instead of rerun.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+
+EVAL_CACHE = "eval_cache.sqlite"
+BASE = "base"
+
+
+def derive(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """A copy of `config` with dotted-path `overrides` ({"rl.reward.truth_lambda": 0.0, ...}); an unknown path is
+    an error naming it (a typo would otherwise run the unchanged config)."""
+    out = copy.deepcopy(config)
+    with out.unlocked():
+        for path, value in overrides.items():
+            *parents, leaf = path.split(".")
+            node = out
+            for p in parents:
+                if p not in node:
+                    raise KeyError(f"experiment override {path!r}: config has no field {p!r}")
+                node = node[p]
+            if leaf not in node:
+                raise KeyError(f"experiment override {path!r}: config has no field {leaf!r}")
+            node[leaf] = value
+    return out
+
+
+def seed_config(config: ml_collections.ConfigDict, seed: int) -> ml_collections.ConfigDict:
+    """The config of one seed: the run's seed, the policy's initialization and the synthesis' draws."""
+    return derive(config, {"seed": seed, "policy.seed": seed, "synthesis.seed": seed})
+
+
+NOT_TRAINING = ("experiments", "baselines", "eval")  # blocks the main job never reads
+
+
+def training_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`config` without the blocks only evaluations and experiments read, so that changing them (another
+    baseline, another list of lambdas) leaves the trained runs resumable and shared."""
+    out = copy.deepcopy(config)
+    with out.unlocked():
+        for key in NOT_TRAINING:
+            if key in out:
+                del out[key]
+    return out
+
+
+def run_job(config: ml_collections.ConfigDict, workdir: Path) -> dict[str, Any]:
+    """`python -m icml_jax.main` in-process on `workdir` (resuming it) with `training_config(config)`; its report
+    goes to `<workdir>/run.txt`."""
+    from icml_jax import main as job
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    report = io.StringIO()
+    with contextlib.redirect_stderr(io.StringIO()):  # progress bars: the experiment prints its own progress
+        summary = job.run(training_config(config), workdir, out=report)
+    (workdir / "run.txt").write_text(report.getvalue(), encoding="utf-8")
+    return summary
+
+
+def base_run(config: ml_collections.ConfigDict, root: Path, *, name: str = BASE,
+             overrides: Mapping[str, Any] | None = None) -> Path:
+    """Synthesis and warm-up once, in `<root>/<name>`; returns the warm-up checkpoint dir the variants start from."""
+    from icml_jax.chat import WARMUP_DIR
+
+    cfg = derive(config, {"mode": ("synthesize", "warmup"), **(overrides or {})})
+    workdir = root / name
+    run_job(cfg, workdir)
+    return workdir / WARMUP_DIR
+
+
+def online_run(config: ml_collections.ConfigDict, workdir: Path, *, init_from: Path | None,
+               overrides: Mapping[str, Any] | None = None) -> Path:
+    """The online stage alone in `workdir`, from the policy in `init_from` (None: untrained heads, no warm-up);
+    returns the workdir (its `policy/` is the learned policy)."""
+    cfg = derive(config, {"mode": ("online",), "online.init_from": str(init_from) if init_from else None,
+                          **(overrides or {})})
+    run_job(cfg, workdir)
+    return workdir
+
+
+def full_run(config: ml_collections.ConfigDict, workdir: Path, *, synthesis_from: Path | None = None,
+             overrides: Mapping[str, Any] | None = None) -> Path:
+    """Synthesis (or a copy of `synthesis_from`, another run's synthesis dir), warm-up and online in `workdir`."""
+    from icml_jax.main import SYNTHESIS_DIR
+
+    mode: tuple[str, ...] = ("synthesize", "warmup", "online")
+    if synthesis_from is not None:
+        target = workdir / SYNTHESIS_DIR
+        if not (target / "manifest.json").is_file():
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(synthesis_from, target)
+        mode = ("warmup", "online")
+    run_job(derive(config, {"mode": mode, **(overrides or {})}), workdir)
+    return workdir
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two configs are equal as JSON (tuples and lists alike)."""
+    return json.loads(json.dumps(a, default=str)) == json.loads(json.dumps(b, default=str))
+
+
+def evaluate(config: ml_collections.ConfigDict, workdir: Path, root: Path, *, system: str,
+             checkpoint: Path | None = None, factory: Callable | None = None) -> dict[str, Any]:
+    """The evaluation protocol on `workdir` (its `<workdir>/eval/`): the policy there or in `checkpoint`, or the
+    agent `factory` builds (a baseline); read back when it already ran with the same config and system."""
+    from icml_jax.evaluate import EVAL_DIR, evaluate_agent, evaluate_workdir
+    from icml_jax.evaluation.report import RESULTS_JSON
+
+    done = workdir / EVAL_DIR / RESULTS_JSON
+    if done.is_file():
+        content = json.loads(done.read_text(encoding="utf-8"))
+        setting = dict(content["setting"].get("config") or {})
+        setting.pop("experiments", None)
+        current = config.to_dict()
+        current.pop("experiments", None)
+        if content.get("system") == system and _same(setting, current):
+            return content
+    workdir.mkdir(parents=True, exist_ok=True)
+    with contextlib.redirect_stderr(io.StringIO()):
+        if factory is not None:
+            return evaluate_agent(config, workdir, factory, system=system, cache_path=root / EVAL_CACHE)
+        return evaluate_workdir(config, workdir, checkpoint=checkpoint, system=system, cache_path=root / EVAL_CACHE)
+
+
+__all__ = ["BASE", "EVAL_CACHE", "base_run", "derive", "evaluate", "full_run", "online_run", "run_job",
+           "seed_config", "training_config"]
