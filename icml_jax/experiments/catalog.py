@@ -236,7 +236,8 @@ def judges(ctx: Context) -> Report:
         cfg = ctx.cfg(seed)
         episodes = eval_episodes(cfg)
         per_target: dict[str, dict[str, list[float | None]]] = {}
-        with ResponseCache(ctx.root / runs.EVAL_CACHE) as cache:
+        cache = ResponseCache(ctx.root / runs.EVAL_CACHE)
+        try:
             for spec in specs:
                 block = _judge_block(ctx, spec)
                 backend = CachedBackend(make_backend(ml_collections.ConfigDict(block)), cache, block)
@@ -256,6 +257,8 @@ def judges(ctx: Context) -> Report:
                         metrics[f"{spec}|failures"] = float(len(means) - len(valid))
                 finally:
                     backend.close()
+        finally:
+            cache.close()
         ref = specs[0]
         for spec in specs[1:]:
             xs, ys = [], []
@@ -323,14 +326,14 @@ def lambda_(ctx: Context) -> Report:
 def synthesis_direction(ctx: Context) -> Report:
     """Table 12: storylines written backwards from the seed (ours) against sessions generated forwards."""
     report = Report("synthesis_direction", "Backward storylines vs forward generation", "Table 12",
-                    {"needed_pairs": "needed pairs", "warmup_trigger_acc": "warm-up T-acc", **REPLY_COLUMNS,
+                    {"dependent_turns": "dependent turns / ep", "warmup_trigger_acc": "warm-up T-acc", **REPLY_COLUMNS,
                      **MEMORY_COLUMNS}, {}, row_header="synthesis")
 
     def stats(base: Path) -> dict[str, Any]:
         manifest = json.loads((base / "synthesis" / "manifest.json").read_text(encoding="utf-8"))
         progress = json.loads((base / "progress.json").read_text(encoding="utf-8"))
         train = manifest["counts"]["train"]
-        return {"needed_pairs": train.get("needed_pairs", train.get("trigger", {}).get("examples")),
+        return {"dependent_turns": train["turns_with_y_t"] / max(1, train["episodes"]),
                 "warmup_trigger_acc": progress["done"].get("warmup", {}).get("after/trigger/accuracy")}
 
     def run(seed: int, direction: str) -> dict[str, Any]:
@@ -347,8 +350,8 @@ def synthesis_direction(ctx: Context) -> Report:
 
     _rows(ctx, {"backward (ours)": lambda s: run(s, "backward"), "forward": lambda s: run(s, "forward")}, report,
           metric=lambda c: {**metrics_of(c), **c["_synthesis"]})
-    report.notes += ["needed pairs: the synthesized training data's Trigger examples (a turn and the earlier turn it "
-                     "needs); warm-up T-acc: the warm-up's held-out Trigger accuracy.", ORACLE]
+    report.notes += ["dependent turns / ep: turns of a synthesized training episode that need an earlier one (y_t); "
+                     "warm-up T-acc: the warm-up's held-out Trigger accuracy (percent).", ORACLE]
     return report
 
 

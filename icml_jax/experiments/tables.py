@@ -15,7 +15,7 @@ import numpy as np
 
 from icml_jax.evaluation.report import TABLE1, TABLE8
 
-PERCENT = frozenset(TABLE8) | {"save_rate", "trigger_recall_targets", "accuracy"}  # fractions shown as percent
+PERCENT = frozenset(TABLE8) | {"save_rate", "warmup_trigger_acc"}  # fractions shown as percent
 JUDGE_COLUMNS = TABLE1[4:]
 
 

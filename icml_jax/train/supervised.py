@@ -224,11 +224,13 @@ def encode_data(tokenizer, data: ExpertData, config: WarmupConfig) -> EncodedDat
 
 
 def batches(arrays: Batch, batch_size: int, seed: int) -> Iterator[Batch]:
-    """Endless Grain stream of shuffled batches (reshuffled every epoch) of `arrays`."""
+    """Endless Grain stream of shuffled batches (reshuffled every epoch) of `arrays`, read in the calling thread:
+    the arrays are in memory, and Grain's default read-ahead (16 threads, 500 elements) of an endless stream
+    held the GIL and 2 CPU cores while the steps compiled (a tiny Trigger step: 7.9 s -> 0.9 s)."""
     n = len(next(iter(arrays.values())))
     ds = (grain.MapDataset.range(n).shuffle(seed=seed).repeat(None)
           .map(lambda i: {k: v[i] for k, v in arrays.items()}).batch(batch_size, drop_remainder=True))
-    return iter(ds)
+    return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
 
 
 # ----------------------------------------------------------------------------------------------- the step

@@ -1,0 +1,113 @@
+"""The offline back end's answers to the baselines' tasks: deterministic rules over what a model is shown (the
+turn texts and memories in the request's metadata), never the data's labels (y_p / y_t).
+
+- baseline_summarize: "The user said: " and the first clause (up to the first , ; . ! or ?) of each USER turn,
+  joined by "; "; "Small talk only." when the session has no USER turn. A lossy summary, as a real one is.
+- baseline_extract_facts: every sentence of a USER turn that is not a question and whose
+  `heuristic_information_value` (the offline proxy judge's self-disclosure + fact-word score) is >= 0.5, with
+  its turn id, at most `max_facts` (the prompt says questions are not facts).
+- baseline_mem0_decide: NOOP when a shown memory already holds every content word of the fact; else, when a
+  memory is on the same topic (home, work, diet, pets, family, study, hobbies: small word lists), DELETE it if
+  the fact negates it and adds no new word ("I don't have a dog anymore"), else UPDATE it with the fact's text
+  ("I moved to Berlin" replaces "I live in Paris"); else ADD the fact.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from icml_jax.baselines.prompts import BASELINE_TASKS, TASK_EXTRACT_FACTS, TASK_MEM0_DECIDE, TASK_SUMMARIZE
+from icml_jax.llm.offline import heuristic_information_value, register_offline_answers
+
+FACT_THRESHOLD = 0.5
+_WORD = re.compile(r"[a-z0-9']+")
+_SENTENCE = re.compile(r"[^.!?]+[.!?]*")
+_CLAUSE = re.compile(r"[,;.!?]")
+_STOP = frozenset(
+    """a an the and or but if then so to of in on at for with about as is are was were be been being do does did
+    have has had it its this that these those you your i i'm im i've i'd me my mine we our they them their he she
+    his her what how why when where who which yes just really very too also can could would should will there here
+    from by up down out over into than all any some am now since while user""".split())
+_NEGATION = frozenset("not no never don't doesn't didn't isn't aren't wasn't won't anymore longer nor without "
+                      "stopped quit".split())
+TOPICS: dict[str, frozenset[str]] = {
+    "home": frozenset("live lives living lived moved move moving relocated city town country apartment flat house "
+                      "neighborhood".split()),
+    "work": frozenset("work works working worked job career boss office company teacher engineer nurse doctor "
+                      "retired retire hired fired".split()),
+    "diet": frozenset("eat eating eats ate diet vegan vegetarian kosher halal allergic allergy gluten".split()),
+    "pets": frozenset("dog dogs cat cats pet pets puppy kitten".split()),
+    "family": frozenset("wife husband partner son daughter kid kids child children married divorced baby "
+                        "pregnant".split()),
+    "study": frozenset("study studying school college university degree student".split()),
+    "hobby": frozenset("hobby hobbies play plays playing run running marathon guitar piano paint painting "
+                       "hiking".split()),
+}
+
+
+def content_words(text: str) -> set[str]:
+    """Lower-cased words of `text` without stop words (those a fact is about)."""
+    return {w for w in _WORD.findall((text or "").lower()) if w not in _STOP}
+
+
+def topics(words: set[str]) -> set[str]:
+    """The topics whose word lists meet `words`."""
+    return {name for name, vocab in TOPICS.items() if words & vocab}
+
+
+def summarize(turns: list[Mapping[str, Any]]) -> str:
+    """The offline session summary (see the module docstring)."""
+    clauses = [_CLAUSE.split(str(t["text"]).strip(), maxsplit=1)[0].strip() for t in turns if t.get("user")]
+    clauses = [c for c in clauses if c]
+    return f"The user said: {'; '.join(clauses)}." if clauses else "Small talk only."
+
+
+def extract_facts(turns: list[Mapping[str, Any]], max_facts: int) -> list[dict[str, Any]]:
+    """The offline facts: (turn id, sentence) of USER sentences, not questions, scoring >= FACT_THRESHOLD."""
+    facts = []
+    for t in turns:
+        if not t.get("user"):
+            continue
+        for match in _SENTENCE.finditer(str(t["text"])):
+            sentence = match.group().strip()
+            if sentence and not sentence.endswith("?") and heuristic_information_value(sentence) >= FACT_THRESHOLD:
+                facts.append({"turn": int(t["turn"]), "fact": sentence})
+    return facts[:max(0, max_facts)]
+
+
+def decide(fact: str, memories: list[Mapping[str, Any]]) -> dict[str, str]:
+    """The offline Mem0 event for `fact` among the shown `memories` (see the module docstring)."""
+    new = content_words(fact)
+    for m in memories:
+        if new and new <= content_words(str(m["text"])):
+            return {"event": "NOOP", "id": str(m["id"]), "text": ""}
+    new_topics = topics(new)
+    same = [(len(new_topics & topics(content_words(str(m["text"])))), len(new & content_words(str(m["text"]))), -i,
+             m) for i, m in enumerate(memories)]
+    same = [s for s in same if s[0] > 0]
+    if same:
+        *_, best = max(same, key=lambda s: s[:3])
+        old = content_words(str(best["text"]))
+        if new & _NEGATION and not new - old - _NEGATION:  # negated, nothing new in its place
+            return {"event": "DELETE", "id": str(best["id"]), "text": ""}
+        return {"event": "UPDATE", "id": str(best["id"]), "text": fact}
+    return {"event": "ADD", "id": "", "text": fact}
+
+
+def answer(task: str, md: Mapping[str, Any]) -> str:
+    """The offline back end's answer text to a baseline request."""
+    if task == TASK_SUMMARIZE:
+        return summarize(list(md["turns"]))
+    if task == TASK_EXTRACT_FACTS:
+        return json.dumps({"facts": extract_facts(list(md["turns"]), int(md.get("max_facts", 5)))})
+    if task == TASK_MEM0_DECIDE:
+        return json.dumps(decide(str(md["fact"]), list(md.get("memories") or [])))
+    raise ValueError(f"offline back end: {task!r} is not a baseline task")
+
+
+register_offline_answers(BASELINE_TASKS, answer)
+
+__all__ = ["FACT_THRESHOLD", "TOPICS", "answer", "content_words", "decide", "extract_facts", "summarize", "topics"]

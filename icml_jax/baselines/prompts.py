@@ -1,0 +1,168 @@
+"""The baselines' own LLM requests: a session summary and fact extraction (MemoryBank), fact extraction and
+the memory-update decision (Mem0). Each has its task name, so the offline back end answers it
+(`icml_jax.baselines.offline_answers`), and carries its structured inputs in `metadata` (never labels)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from icml_jax.llm.jsonparse import parse_json_text
+from icml_jax.llm.prompts import Dialogue, format_dialogue
+from icml_jax.llm.types import LLMRequest, LLMResponse
+
+TASK_SUMMARIZE = "baseline_summarize"
+TASK_EXTRACT_FACTS = "baseline_extract_facts"
+TASK_MEM0_DECIDE = "baseline_mem0_decide"
+BASELINE_TASKS: tuple[str, ...] = (TASK_SUMMARIZE, TASK_EXTRACT_FACTS, TASK_MEM0_DECIDE)
+MEM0_EVENTS: tuple[str, ...] = ("ADD", "UPDATE", "DELETE", "NOOP")
+
+MEMORY_SYSTEM = ("You keep the long-term memory of a conversational assistant about one user across many "
+                 "sessions. You are brief and factual and never invent anything.")
+JSON_SYSTEM = MEMORY_SYSTEM + " You answer in JSON only."
+
+SUMMARIZE_INSTRUCTION = (
+    "Summarize the conversation session below for the assistant's memory in at most three sentences: what was "
+    "talked about and everything the user revealed about themselves that could matter in later sessions. Keep "
+    "names, dates and numbers exactly. Output only the summary.")
+FACTS_INSTRUCTION = (
+    "List the facts about the user that the turns marked USER reveal: lasting personal information (identity, "
+    "home, family, work, health, diet, pets, strong preferences, plans) or a change of it, each as one short "
+    "self-contained sentence, with the id of the turn it comes from; at most {max_facts} facts. Small talk, "
+    "passing moods, requests and questions are not facts. Answer with a JSON object: "
+    '{{"facts": [{{"turn": id, "fact": "..."}}, ...]}}, with an empty list when there is no fact.')
+DECIDE_INSTRUCTION = (
+    "A new fact about the user and the most similar memories already stored (with their ids) follow. Decide how "
+    "the memory changes: ADD when the fact is new information; UPDATE when it changes or refines a stored "
+    "memory (give that memory's id and the updated text, keeping what is still true); DELETE when it says that "
+    "a stored memory is no longer true and nothing replaces it (give its id); NOOP when the memory already "
+    'holds it. Answer with a JSON object: {"event": "ADD" | "UPDATE" | "DELETE" | "NOOP", "id": the memory id '
+    '(UPDATE and DELETE) or "", "text": the memory text to store (ADD and UPDATE) or ""}.')
+
+FACTS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "facts": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"turn": {"type": "integer", "minimum": 0}, "fact": {"type": "string"}},
+                "required": ["turn", "fact"],
+            },
+        },
+    },
+    "required": ["facts"],
+}
+DECIDE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string", "enum": list(MEM0_EVENTS)},
+        "id": {"type": "string"},
+        "text": {"type": "string"},
+    },
+    "required": ["event", "id", "text"],
+}
+
+Turns = Sequence[tuple[int, str, str, bool]]  # (turn index in its session, speaker, text, is the user's)
+
+
+def _turn_lines(turns: Turns) -> str:
+    if not turns:
+        return "(empty)"
+    return "\n".join(f"[{t}] {'USER ' if user else ''}{speaker}: {text}" for t, speaker, text, user in turns)
+
+
+def _turns_md(turns: Turns) -> list[dict[str, Any]]:
+    return [{"turn": int(t), "speaker": speaker, "text": text, "user": bool(user)} for t, speaker, text, user in turns]
+
+
+def summarize_request(turns: Turns, *, session: int, max_output_tokens: int = 192,
+                      metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask for a short summary of one finished session (MemoryBank's per-session event summary)."""
+    prompt = f"{SUMMARIZE_INSTRUCTION}\n\nSession {session + 1}:\n{_turn_lines(turns)}\n\nSummary:"
+    return LLMRequest(prompt=prompt, system=MEMORY_SYSTEM, max_output_tokens=max_output_tokens, temperature=0.0,
+                      task=TASK_SUMMARIZE,
+                      metadata={"session": int(session), "turns": _turns_md(turns), **dict(metadata or {})})
+
+
+def extract_facts_request(turns: Turns, *, context: Dialogue = (), max_facts: int = 5,
+                          max_output_tokens: int = 512, metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask for the facts about the user in `turns` (its USER ones), each with its turn id; `context` is dialogue
+    shown before them that facts are not taken from (Mem0 reads a turn with its recent history)."""
+    shown = f"Earlier dialogue (context only):\n{format_dialogue(context, 4)}\n\n" if context else ""
+    prompt = f"{FACTS_INSTRUCTION.format(max_facts=max_facts)}\n\n{shown}Turns:\n{_turn_lines(turns)}"
+    return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=FACTS_SCHEMA,
+                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_EXTRACT_FACTS,
+                      metadata={"turns": _turns_md(turns), "max_facts": int(max_facts), **dict(metadata or {})})
+
+
+def mem0_decide_request(fact: str, memories: Sequence[tuple[str, str]], *, max_output_tokens: int = 256,
+                        metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask which memory event a new `fact` causes among the most similar stored `memories` ((id, text) pairs)."""
+    listed = "\n".join(f"[{i}] {text}" for i, text in memories) if memories else "(no memories stored yet)"
+    prompt = f"{DECIDE_INSTRUCTION}\n\nStored memories:\n{listed}\n\nNew fact: {fact}"
+    return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=DECIDE_SCHEMA,
+                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_MEM0_DECIDE,
+                      metadata={"fact": fact, "memories": [{"id": i, "text": text} for i, text in memories],
+                                **dict(metadata or {})})
+
+
+
+
+def _value(response: LLMResponse) -> tuple[Any | None, str | None]:
+    """The response's JSON: parsed by the back end when it was asked for a schema, else parsed here."""
+    if response.parsed is not None:
+        return response.parsed, None
+    return parse_json_text(response.text)
+
+
+def parse_facts(response: LLMResponse) -> tuple[list[tuple[int | None, str]] | None, str | None]:
+    """(facts as (turn id or None, text), problem): leniently, {"facts": [...]} or a bare list whose items are
+    {"turn", "fact"} objects or strings. facts is None when the answer is unusable; a problem with facts means
+    some items were left out (or had no usable turn id)."""
+    value, error = _value(response)
+    if error is not None:
+        return None, error
+    items = value.get("facts") if isinstance(value, dict) else value
+    if not isinstance(items, list):
+        return None, f"expected a list of facts, got {type(items).__name__}"
+    facts, problems = [], []
+    for item in items:
+        text = item.get("fact") if isinstance(item, dict) else item
+        if not isinstance(text, str) or not text.strip():
+            problems.append(f"item without a fact text: {item!r}"[:120])
+            continue
+        turn = item.get("turn") if isinstance(item, dict) else None
+        if isinstance(turn, str) and turn.strip().isdigit():
+            turn = int(turn)
+        if not isinstance(turn, int) or isinstance(turn, bool):
+            problems.append(f"fact without a turn id: {text[:60]!r}")
+            turn = None
+        facts.append((turn, " ".join(text.split())))
+    return facts, "; ".join(problems) or None
+
+
+def parse_decision(response: LLMResponse, ids: Sequence[str]) -> tuple[tuple[str, str | None, str] | None, str | None]:
+    """((event, memory id or None, text), None), or (None, why) when the answer is not a usable Mem0 event: an
+    unknown event, or UPDATE / DELETE of an id that was not shown. UPDATE with an empty text is an error too."""
+    value, error = _value(response)
+    if error is not None:
+        return None, error
+    if not isinstance(value, dict):
+        return None, f"expected a JSON object, got {type(value).__name__}"
+    event = str(value.get("event", "")).strip().upper()
+    if event not in MEM0_EVENTS:
+        return None, f"unknown event {value.get('event')!r}"
+    memory_id = value.get("id")
+    memory_id = None if memory_id is None or str(memory_id).strip() == "" else str(memory_id).strip()
+    text = " ".join(str(value.get("text") or "").split())
+    if event in ("UPDATE", "DELETE") and memory_id not in ids:
+        return None, f"{event} of memory id {memory_id!r}, not one of those shown {list(ids)}"
+    if event == "UPDATE" and not text:
+        return None, "UPDATE without a text"
+    return (event, memory_id, text), None
+
+
+__all__ = ["BASELINE_TASKS", "DECIDE_SCHEMA", "FACTS_SCHEMA", "MEM0_EVENTS", "TASK_EXTRACT_FACTS",
+           "TASK_MEM0_DECIDE", "TASK_SUMMARIZE", "Turns", "extract_facts_request", "mem0_decide_request",
+           "parse_decision", "parse_facts", "summarize_request"]

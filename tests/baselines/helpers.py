@@ -1,0 +1,80 @@
+"""Small handmade episodes, a recording back end over the offline one, a keyword encoder and the protocol runner
+the baseline tests share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from icml_jax.data.schema import Episode, Session, Turn
+from icml_jax.evaluation.protocol import EpisodeResult, play_episode
+from icml_jax.llm.offline import OfflineBackend
+from icml_jax.llm.types import LLMRequest, LLMResponse, TokenUsage
+
+USER, ASSISTANT = "user", "assistant"
+
+
+def episode(*sessions: Sequence[str], episode_id: str = "ep-1", reply: str = "I see.") -> Episode:
+    """An episode whose sessions alternate the given user turns with a fixed assistant reply."""
+    out = []
+    for i, said in enumerate(sessions):
+        turns = tuple(t for text in said for t in (Turn(USER, text), Turn(ASSISTANT, reply)))
+        out.append(Session(turns, gap_seconds=None if i == 0 else 86400.0, gap_text=None if i == 0 else "1 day"))
+    return Episode("test", episode_id, tuple(out))
+
+
+def count_words(text: str) -> int:
+    """Whitespace token count (the unit tests' tokenizer)."""
+    return len(text.split())
+
+
+def play(agent, ep: Episode, *, user_speaker: str | None = USER) -> EpisodeResult:
+    """The evaluation protocol on one episode."""
+    return play_episode(agent, ep, user_speaker=user_speaker, count_tokens=count_words)
+
+
+class Recording:
+    """The offline back end, recording every request; `answers[task](request)` overrides a task's answer text."""
+
+    name = "recording"
+    usage = TokenUsage()
+
+    def __init__(self, answers: Mapping[str, Callable[[LLMRequest], str]] | None = None) -> None:
+        self.inner, self.answers = OfflineBackend(), dict(answers or {})
+        self.requests: list[LLMRequest] = []
+        self.calls = 0
+
+    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResponse]:
+        self.calls += 1
+        self.requests.extend(requests)
+        return [LLMResponse.answering(r, self.answers[r.task](r)) if r.task in self.answers
+                else self.inner.generate([r])[0] for r in requests]
+
+    def tasks(self, task: str) -> list[LLMRequest]:
+        """The recorded requests of one task."""
+        return [r for r in self.requests if r.task == task]
+
+    def close(self) -> None:
+        pass
+
+
+class KeywordEncoder:
+    """A controllable encoder: one dimension per keyword, the keyword's count in the text (lower-cased words),
+    plus a small constant so no vector is zero. Records the texts of every call."""
+
+    def __init__(self, keywords: Sequence[str]) -> None:
+        self.keywords = list(keywords)
+        self.calls: list[list[str]] = []
+
+    def vector(self, text: str) -> np.ndarray:
+        words = [w.strip(".,!?'").lower() for w in text.split()]
+        return np.asarray([words.count(k) for k in self.keywords] + [0.1], np.float32)
+
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls.append(list(texts))
+        return np.stack([self.vector(t) for t in texts])
+
+    def cosine(self, a: str, b: str) -> float:
+        x, y = self.vector(a), self.vector(b)
+        return float(x @ y / np.linalg.norm(x) / np.linalg.norm(y))
