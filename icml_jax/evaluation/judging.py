@@ -20,7 +20,8 @@ def judge_targets(judge: QualityJudge, results: Sequence[EpisodeResult], episode
     items = []
     for row in rows:
         history = gold_history(by_id[row["episode_id"]], row["session"], row["turn"])
-        needed = [[row["episode_id"], s, t] for s, t in row["needed"]] if row["needed"] else None
+        # [] is a label too ("needs no memory"): the oracle scores a memory there as a distraction
+        needed = None if row["needed"] is None else [[row["episode_id"], s, t] for s, t in row["needed"]]
         used = judged_ref(row)
         items.append(QualityInput(history, row["utterance"], row["reply"], row["memory"], label_needed=needed,
                                   used_ref=used))

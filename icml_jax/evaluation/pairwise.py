@@ -63,7 +63,7 @@ def compare(rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mapping[str, A
         history = gold_history(by_id[ra["episode_id"]], ra["session"], ra["turn"])
         shown = (rb, ra) if flip else (ra, rb)
         md: dict[str, Any] = {}
-        if ra.get("needed"):
+        if ra.get("needed") is not None:
             md["label_needed"] = [[ra["episode_id"], s, t] for s, t in ra["needed"]]
             md["used_refs"] = [judged_ref(r) for r in shown]
         requests.append(prompts.pairwise_judge_request(history, ra["utterance"], (shown[0]["reply"], shown[0]["memory"]),

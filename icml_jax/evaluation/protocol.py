@@ -214,7 +214,8 @@ def play_episode(agent: EvalAgent, episode: Episode, *, user_speaker: str | None
     for target, history, reply in zip(targets, histories, agent.answer(user, episode, targets, histories),
                                       strict=True):
         receipts.append(_receipt(final, target.turn - 1, reply.memory, None))
-        needed = [[n.session, n.turn] for n in turns[target.turn - 1].y_t or ()]
+        y_t = turns[target.turn - 1].y_t  # None: unlabelled (real data); (): labelled, needs no memory
+        needed = None if y_t is None else [[n.session, n.turn] for n in y_t]
         used_ref = list(reply.memory.ref[1:]) if reply.memory.ref else None
         used_refs = [list(r[1:]) for r in reply.memory.all_refs]
         rows.append({

@@ -62,14 +62,15 @@ def training_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
 
 def run_job(config: ml_collections.ConfigDict, workdir: Path) -> dict[str, Any]:
     """`python -m icml_jax.main` in-process on `workdir` (resuming it) with `training_config(config)`; its report
-    goes to `<workdir>/run.txt`."""
+    is appended to `<workdir>/run.txt`."""
     from icml_jax import main as job
 
     workdir.mkdir(parents=True, exist_ok=True)
     report = io.StringIO()
     with contextlib.redirect_stderr(io.StringIO()):  # progress bars: the experiment prints its own progress
         summary = job.run(training_config(config), workdir, out=report)
-    (workdir / "run.txt").write_text(report.getvalue(), encoding="utf-8")
+    with open(workdir / "run.txt", "a", encoding="utf-8") as f:  # one report per start (a resume appends)
+        f.write(report.getvalue() + "\n")
     return summary
 
 

@@ -67,13 +67,15 @@ class Report:
     row_header: str = "system"
 
 
-def cell(stats: Mapping[str, Any] | None, key: str) -> str:
-    """'mean ± sd' (percent for fractions), '-' when nothing was measured."""
+def cell(stats: Mapping[str, Any] | None, key: str, seeds: int = 1) -> str:
+    """'mean ± sd' (percent for fractions), '(n=k)' when only k of the `seeds` runs have a number, '-' when none
+    has."""
     if not stats or stats.get("mean") is None:
         return "-"
     scale = 100.0 if key in PERCENT else 1.0
     text = f"{scale * stats['mean']:.2f}"
-    return text + (f" ± {scale * stats['sd']:.2f}" if stats.get("sd") is not None else "")
+    text += f" ± {scale * stats['sd']:.2f}" if stats.get("sd") is not None else ""
+    return text + (f" (n={stats['n']})" if stats.get("n", seeds) < seeds else "")
 
 
 def markdown(report: Report, setting: Mapping[str, Any], command: str) -> str:
@@ -82,13 +84,14 @@ def markdown(report: Report, setting: Mapping[str, Any], command: str) -> str:
     lines = [f"# {report.title}", "", f"Reproduces the paper's {report.reproduces}.", "",
              f"Command: `{command}`", "",
              f"Setting: data {setting.get('data')}; model {setting.get('model')}; generator {setting.get('generator')}; "
-             f"judge {setting.get('judge')}; seeds {seeds} (cells: mean ± sample sd over seeds; percent where the "
-             "metric is a rate).", "",
+             f"judge {setting.get('judge')}; seeds {seeds} (cells: mean ± sample sd over seeds, (n=k) when only k "
+             "seeds have the number; percent where the metric is a rate).", "",
              f"| {report.row_header} | " + " | ".join(report.columns.values()) + " |",
              "|---|" + "---:|" * len(report.columns)]
     for variant, per_seed in report.rows.items():
         stats = aggregate(per_seed)
-        lines.append(f"| {variant} | " + " | ".join(cell(stats.get(k), k) for k in report.columns) + " |")
+        lines.append(f"| {variant} | " + " | ".join(cell(stats.get(k), k, len(per_seed)) for k in report.columns)
+                     + " |")
     if report.notes:
         lines += [""] + [f"- {n}" for n in report.notes]
     lines.append("")

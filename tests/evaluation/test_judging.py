@@ -120,3 +120,21 @@ def test_proxy_truth_correlation_pairs_each_used_save_with_the_quality_of_the_re
     assert out["r"] == pytest.approx(np.corrcoef(x, y)[0, 1])
     flat = EpisodeResult("ep-1", rows[:1], [], [], [], [], saved)  # one used save: r undefined, not 0
     assert proxy_truth_correlation(ProxyJudge(OfflineBackend()), [flat], [episode])["r"] is None
+
+
+def test_a_labelled_target_that_needs_no_memory_is_judged_from_its_label():
+    """needed [] is a label ("needs none"): the oracle scores a memory there as a distraction (memorability 2/5)
+    and no memory as right (3/5); needed None (unlabelled data) falls back to the lexical heuristic."""
+    from icml_jax.llm.offline import OfflineBackend
+
+    def target(memory, needed):
+        r = row(1, "Was it your puppy?")
+        r.update(memory=memory, memory_ref=[0, 0] if memory else None, memory_refs=[[0, 0]] if memory else [],
+                 needed=needed)
+        return r
+
+    rows = [target("A's puppy chewed shoes.", []), target(None, []), target("A's puppy chewed shoes.", None)]
+    result = EpisodeResult("ep-7", rows, [], [], [], [])
+    judge_targets(QualityJudge(OfflineBackend()), [result], [EPISODE])
+    assert [r["judge"]["memorability"] for r in rows[:2]] == [0.25, 0.5]
+    assert rows[2]["judge"]["memorability"] == 1.0  # the heuristic: the memory overlaps the utterance
