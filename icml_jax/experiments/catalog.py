@@ -210,7 +210,8 @@ def _judge_block(ctx: Context, spec: str) -> dict[str, Any]:
     if not (path / "config.json").is_file():
         raise ValueError(f"experiments.judges entry {spec!r} is not offline / generator / judge or a local model "
                          "directory (config.json missing)")
-    return {"kind": "local", "model_dir": str(path), "dtype": "float32"}
+    return {"kind": "local", "model_dir": str(path), "dtype": "float32",
+            "max_output_tokens": int(ctx.exp("local_judge_max_tokens", 128))}
 
 
 def judges(ctx: Context) -> Report:
@@ -228,7 +229,9 @@ def judges(ctx: Context) -> Report:
 
     specs = list(ctx.exp("judges", ("offline",)))
     systems = ["ours", *ctx.exp("baselines", ())]
-    columns = {f"{spec}|{d}": f"{Path(spec).name} {d[:5]}." for spec in specs for d in ("mean", "failures")}
+    label = {spec: spec if spec in ("offline", "generator", "judge") else Path(spec).name for spec in specs}
+    columns = {f"{spec}|{key}": f"{label[spec]} {head}" for spec in specs
+               for key, head in (("mean", "score"), ("failures", "failed"))}
     report = Report("judges", "One run, several judges", "Tables 7 and 11", columns, {})
     agreement: dict[str, Any] = {}
     for seed in ctx.seeds:

@@ -22,9 +22,14 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, model, tokenizer, *, seed: int = 0, top_p: float = 1.0, top_k: int = 0,
-                 max_batch: int = 16) -> None:
+                 max_batch: int = 16, max_output_tokens: int | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"local back end: max_batch must be >= 1, got {max_batch}")
+        if max_output_tokens is not None and max_output_tokens < 1:
+            raise ValueError(f"local back end: max_output_tokens must be >= 1, got {max_output_tokens}")
+        # a cap on every request's budget: prompts sized for Gemini (e.g. the judges' 1024 tokens, room for
+        # thinking) let a small local model that never emits EOS decode that far for a 60-token JSON answer
+        self._cap = max_output_tokens
         self.model, self.tokenizer = model, tokenizer
         self._seed, self._top_p, self._top_k = seed, top_p, top_k
         self._max_batch = max_batch
@@ -51,7 +56,8 @@ class LocalBackend:
         out: list[LLMResponse | None] = [None] * len(requests)
         groups: dict[tuple[int, float], list[int]] = {}
         for i, r in enumerate(requests):
-            groups.setdefault((r.max_output_tokens, r.temperature), []).append(i)
+            budget = r.max_output_tokens if self._cap is None else min(r.max_output_tokens, self._cap)
+            groups.setdefault((budget, r.temperature), []).append(i)
         templated = bool(getattr(self.tokenizer, "chat_template", None))
         chunks = [(key, idx[i:i + self._max_batch]) for key, idx in groups.items()
                   for i in range(0, len(idx), self._max_batch)]
@@ -87,12 +93,13 @@ def _pow2(n: int) -> int:
 
 def _local(values: Mapping[str, Any]) -> LocalBackend:
     """`{'kind': 'local', 'model_dir': ..., 'tokenizer_dir': ... (default model_dir), 'dtype': 'bfloat16',
-    'max_batch': 16}`."""
+    'max_batch': 16, 'max_output_tokens': None (a cap on every request's token budget)}`."""
     import jax.numpy as jnp
 
     from icml_jax.models import from_pretrained, load_tokenizer
 
-    known = {"kind", "model_dir", "tokenizer_dir", "dtype", "seed", "top_p", "top_k", "max_batch"}
+    known = {"kind", "model_dir", "tokenizer_dir", "dtype", "seed", "top_p", "top_k", "max_batch",
+             "max_output_tokens"}
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"local back end: unknown config key(s) {unknown}; known: {sorted(known)}")
@@ -101,7 +108,9 @@ def _local(values: Mapping[str, Any]) -> LocalBackend:
     model = from_pretrained(values["model_dir"], dtype=jnp.dtype(values.get("dtype", "bfloat16")))
     tokenizer = load_tokenizer(values.get("tokenizer_dir") or values["model_dir"])
     return LocalBackend(model, tokenizer, seed=int(values.get("seed", 0)), top_p=float(values.get("top_p", 1.0)),
-                        top_k=int(values.get("top_k", 0)), max_batch=int(values.get("max_batch", 16)))
+                        top_k=int(values.get("top_k", 0)), max_batch=int(values.get("max_batch", 16)),
+                        max_output_tokens=(None if values.get("max_output_tokens") is None
+                                           else int(values["max_output_tokens"])))
 
 
 register_backend("local", _local)

@@ -79,3 +79,22 @@ def test_config_errors(model_dir):
         make_backend({"kind": "local"})
     with pytest.raises(ValueError, match="unknown config key"):
         make_backend({"kind": "local", "model_dir": str(model_dir), "modle": 1})
+
+
+def test_max_output_tokens_caps_every_request(model_dir, monkeypatch):
+    """A 1024-token judge request to a local back end capped at 3 decodes 3 tokens: the answer of an uncapped
+    3-token request; requests under the cap keep their own budget."""
+    from icml_jax.models import sampler
+
+    budgets = []
+    real = sampler.generate
+    monkeypatch.setattr(sampler, "generate", lambda m, t, prompts, **kw: budgets.append(kw["max_new_tokens"])
+                        or real(m, t, prompts, **kw))
+    capped = make_backend({"kind": "local", "model_dir": str(model_dir), "dtype": "float32", "max_output_tokens": 3})
+    plain = make_backend({"kind": "local", "model_dir": str(model_dir), "dtype": "float32"})
+    long, short = LLMRequest("i like my dog", max_output_tokens=1024), LLMRequest("i like my dog", max_output_tokens=2)
+    assert capped.generate([long])[0].text == plain.generate([LLMRequest("i like my dog", max_output_tokens=3)])[0].text
+    capped.generate([short])
+    assert budgets == [3, 3, 2]
+    with pytest.raises(ValueError, match="max_output_tokens must be >= 1"):
+        make_backend({"kind": "local", "model_dir": str(model_dir), "max_output_tokens": 0})
