@@ -3,7 +3,8 @@ thread (as `icml_jax.train.supervised.batches` does) against Grain's default rea
 stream (16 threads, 500 elements), each in a fresh process so both compile everything; prints the XLA compile
 seconds of each warm-up step and the stage times, and their ratios.
 
-    python scripts/benchmark_warmup_reader.py
+    python scripts/benchmark_warmup_reader.py           # configs/demo.py's synthesis (12 seeds)
+    python scripts/benchmark_warmup_reader.py --smoke   # the experiments tests' size (2 seeds, 1 storyline each)
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import grain, jax
 spec = importlib.util.spec_from_file_location("demo", sys.argv[2])
 module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
 config = module.get_config(); config.mode = ("synthesize", "warmup")
+if sys.argv[4] == "smoke":
+    config.synthesis.num_seeds, config.synthesis.storylines_per_seed = 2, 1
+    config.synthesis.prequels_per_storyline, config.synthesis.heldout_fraction = 2, 0.5
 from icml_jax.train import supervised
 if sys.argv[1] == "grain_default":  # the reader before: Grain's default ReadOptions on the endless stream
     def batches(arrays, batch_size, seed):
@@ -40,17 +44,18 @@ print(json.dumps({"step_compiles": compiles, "warmup_s": summary["warmup"]["seco
 """
 
 
-def run(mode: str, workdir: Path) -> dict:
+def run(mode: str, workdir: Path, size: str) -> dict:
     """One fresh process: synthesis + warm-up of configs/demo.py with the given reader."""
-    out = subprocess.run([sys.executable, "-c", CHILD, mode, str(ROOT / "configs" / "demo.py"), str(workdir)],
+    out = subprocess.run([sys.executable, "-c", CHILD, mode, str(ROOT / "configs" / "demo.py"), str(workdir), size],
                          capture_output=True, text=True, check=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
+    size = "smoke" if "--smoke" in sys.argv[1:] else "demo"
     with tempfile.TemporaryDirectory() as tmp:
-        ours = run("calling_thread", Path(tmp) / "a")
-        before = run("grain_default", Path(tmp) / "b")
+        ours = run("calling_thread", Path(tmp) / "a", size)
+        before = run("grain_default", Path(tmp) / "b", size)
     for name, r in (("calling thread", ours), ("Grain default read-ahead", before)):
         print(f"{name:>25}: warm-up step compiles {[round(s, 2) for s in r['step_compiles']]} s, "
               f"warm-up stage {r['warmup_s']:.1f} s")

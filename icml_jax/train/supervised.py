@@ -226,7 +226,7 @@ def encode_data(tokenizer, data: ExpertData, config: WarmupConfig) -> EncodedDat
 def batches(arrays: Batch, batch_size: int, seed: int) -> Iterator[Batch]:
     """Endless Grain stream of shuffled batches (reshuffled every epoch) of `arrays`, read in the calling thread:
     the arrays are in memory, and Grain's default read-ahead (16 threads, 500 elements) of an endless stream
-    held the GIL and 2 CPU cores while the steps compiled (a tiny Trigger step: 7.9 s -> 0.9 s)."""
+    held the GIL and 2 CPU cores while the steps compiled (docs/benchmarks.md: up to 4.4x the compile time)."""
     n = len(next(iter(arrays.values())))
     ds = (grain.MapDataset.range(n).shuffle(seed=seed).repeat(None)
           .map(lambda i: {k: v[i] for k, v in arrays.items()}).batch(batch_size, drop_remainder=True))
