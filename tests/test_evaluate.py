@@ -299,7 +299,7 @@ def get_config():
 
 
 def test_auto_selection_takes_theanines_ids_for_msc_and_cc_where_they_are():
-    from tests.test_main import load_config
+    from tests.config_files import load_config
 
     from icml_jax.data.protocol import shared_data_dir
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import os
@@ -15,16 +14,9 @@ import ml_collections
 import pytest
 
 from icml_jax import main as job
+from tests.config_files import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_config(name: str, *args: str) -> ml_collections.ConfigDict:
-    """configs/<name>.py's get_config(*args), loaded by path as config_flags does (`--config=FILE:ARG`)."""
-    spec = importlib.util.spec_from_file_location(f"test_configs_{name}", ROOT / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(*args)
 
 
 def tiny_demo() -> ml_collections.ConfigDict:

@@ -29,6 +29,7 @@ class Context:
     root: Path
     seeds: Sequence[int]
     log: Callable[[str], None] = print
+    warmed: dict[int, Path] = dataclasses.field(default_factory=dict)  # seed -> warm-up checkpoint, once per run
 
     def seed_dir(self, seed: int) -> Path:
         return self.root / f"seed{seed}"
@@ -52,9 +53,12 @@ ORACLE = ("The offline judge is an oracle: it scores a reply by whether the memo
 
 
 def warm(ctx: Context, seed: int) -> Path:
-    """The seed's synthesis + warm-up (`base`), the start of every variant that learns online."""
-    ctx.log(f"seed {seed}: synthesis and warm-up")
-    return runs.base_run(ctx.cfg(seed), ctx.seed_dir(seed))
+    """The seed's synthesis + warm-up (`base`), the start of every variant that learns online (run, or resumed
+    and checked, once per experiment)."""
+    if seed not in ctx.warmed:
+        ctx.log(f"seed {seed}: synthesis and warm-up")
+        ctx.warmed[seed] = runs.base_run(ctx.cfg(seed), ctx.seed_dir(seed))
+    return ctx.warmed[seed]
 
 
 def trained(ctx: Context, seed: int, name: str, overrides: dict[str, Any] | None = None, *,

@@ -398,6 +398,24 @@ def _facts_block(facts: Sequence[str], none: str = _NO_FACTS_BACKWARD) -> str:
     return "\n".join(f"- {f}" for f in facts) if facts else none
 
 
+def _first_session_request(instruction: str, facts: Sequence[str], none: str, task: str, *, temperature: float,
+                           max_output_tokens: int, metadata: Mapping[str, Any] | None) -> LLMRequest:
+    """A request for one session written from the user's constraints alone (a seed or an opening session)."""
+    prompt = (
+        f"{instruction}\n\nThe user's constraints or preferences:\n{_facts_block(facts, none)}\n\n"
+        'Answer with a JSON object: {"turns": [{"speaker": "user" or "assistant", "text": "..."}, ...]}.'
+    )
+    return LLMRequest(
+        prompt=prompt,
+        system=SYNTH_SYSTEM,
+        json_schema=SYNTH_SEED_SCHEMA,
+        max_output_tokens=max_output_tokens,
+        temperature=temperature,
+        task=task,
+        metadata=_md({"facts": list(facts)}, metadata),
+    )
+
+
 def synthesis_seed_request(
     facts: Sequence[str],
     *,
@@ -407,20 +425,9 @@ def synthesis_seed_request(
     metadata: Mapping[str, Any] | None = None,
 ) -> LLMRequest:
     """Ask for a seed session whose requests depend on the user's constraints/preferences `facts`."""
-    prompt = (
-        f"{SYNTH_SEED_INSTRUCTION.format(turns=turns)}\n\nThe user's constraints or preferences:\n"
-        f"{_facts_block(facts)}\n\n"
-        'Answer with a JSON object: {"turns": [{"speaker": "user" or "assistant", "text": "..."}, ...]}.'
-    )
-    return LLMRequest(
-        prompt=prompt,
-        system=SYNTH_SYSTEM,
-        json_schema=SYNTH_SEED_SCHEMA,
-        max_output_tokens=max_output_tokens,
-        temperature=temperature,
-        task=TASK_SYNTH_SEED,
-        metadata=_md({"facts": list(facts)}, metadata),
-    )
+    return _first_session_request(SYNTH_SEED_INSTRUCTION.format(turns=turns), facts, _NO_FACTS_BACKWARD,
+                                  TASK_SYNTH_SEED, temperature=temperature, max_output_tokens=max_output_tokens,
+                                  metadata=metadata)
 
 
 def synthesis_prequel_request(
@@ -463,20 +470,9 @@ def synthesis_opening_request(
     metadata: Mapping[str, Any] | None = None,
 ) -> LLMRequest:
     """Ask for the first session of a forward storyline, in which the user reveals the constraints `facts`."""
-    prompt = (
-        f"{SYNTH_OPENING_INSTRUCTION.format(turns=turns)}\n\nThe user's constraints or preferences:\n"
-        f"{_facts_block(facts, _NO_FACTS_FORWARD)}\n\n"
-        'Answer with a JSON object: {"turns": [{"speaker": "user" or "assistant", "text": "..."}, ...]}.'
-    )
-    return LLMRequest(
-        prompt=prompt,
-        system=SYNTH_SYSTEM,
-        json_schema=SYNTH_SEED_SCHEMA,
-        max_output_tokens=max_output_tokens,
-        temperature=temperature,
-        task=TASK_SYNTH_OPENING,
-        metadata=_md({"facts": list(facts)}, metadata),
-    )
+    return _first_session_request(SYNTH_OPENING_INSTRUCTION.format(turns=turns), facts, _NO_FACTS_FORWARD,
+                                  TASK_SYNTH_OPENING, temperature=temperature, max_output_tokens=max_output_tokens,
+                                  metadata=metadata)
 
 
 def synthesis_sequel_request(

@@ -199,35 +199,47 @@ def write_seed_sessions(backend: LLMBackend, seeds: Sequence[SeedSpec], config: 
             if s.session is not None or s.seed_id in written]
 
 
+def _grow(backend: LLMBackend, storylines: list[Storyline], config: SynthesisConfig, stats: RequestStats,
+          rejections: list[Rejection], progress: tqdm | None, *, request, attach, stage, later: int,
+          gap_key: str) -> list[Storyline]:
+    """`prequels_per_storyline` rounds, each asking one new session per live storyline: `request(st, k)` builds
+    round k's request (k = 1..P), `attach(st, parsed)` adds the answer; a storyline whose answer stays malformed is
+    dropped and counted under `stage(k)`, and the progress bar skips its `later - k` remaining requests."""
+    world, P = config.world, config.prequels_per_storyline
+    parse = lambda i, r: parse_session(r, user_speaker=world.user_speaker,  # noqa: E731
+                                       assistant_speaker=world.assistant_speaker,
+                                       max_turns=config.max_turns_per_session, want_gap=True, gap_key=gap_key)
+    alive = storylines
+    for k in range(1, P + 1):
+        outcomes = ask(backend, [request(st, k) for st in alive], parse, max_attempts=config.max_attempts,
+                       batch_size=config.batch_size, stats=stats, progress=progress)
+        survivors = []
+        for st, out in zip(alive, outcomes, strict=True):
+            if out.value is None:
+                rejections.append(_rejection(st.seed.seed_id, st.index, stage(k), out))
+                _advance(progress, later - k)  # its later sessions and all its annotations
+            else:
+                attach(st, out.value)
+                survivors.append(st)
+        alive = survivors
+    return alive
+
+
 def write_prequels(backend: LLMBackend, storylines: list[Storyline], config: SynthesisConfig,
                    stats: RequestStats, rejections: list[Rejection], *,
                    progress: tqdm | None = None) -> list[Storyline]:
     """Grows every storyline backwards by `prequels_per_storyline` sessions; returns the ones that made it."""
-    world, P = config.world, config.prequels_per_storyline
-    alive = storylines
-    for k in range(P):
-        requests = [
-            prompts.synthesis_prequel_request(
-                st.seed.facts, st.dialogues(), number=k + 1, total=P, turns=config.turns_per_session,
-                temperature=config.temperature, max_output_tokens=config.max_output_tokens,
-                metadata=st.key(config).to_metadata())
-            for st in alive
-        ]
-        parse = lambda i, r: parse_session(r, user_speaker=world.user_speaker,  # noqa: E731
-                                           assistant_speaker=world.assistant_speaker,
-                                           max_turns=config.max_turns_per_session, want_gap=True)
-        outcomes = ask(backend, requests, parse, max_attempts=config.max_attempts, batch_size=config.batch_size,
-                       stats=stats, progress=progress)
-        survivors = []
-        for st, out in zip(alive, outcomes, strict=True):
-            if out.value is None:
-                rejections.append(_rejection(st.seed.seed_id, st.index, f"prequel_{k}", out))
-                _advance(progress, 2 * P - k)  # its later prequels and all its annotations
-            else:
-                st.sessions.insert(0, out.value)
-                survivors.append(st)
-        alive = survivors
-    return alive
+    P = config.prequels_per_storyline
+
+    def request(st: Storyline, k: int):
+        return prompts.synthesis_prequel_request(
+            st.seed.facts, st.dialogues(), number=k, total=P, turns=config.turns_per_session,
+            temperature=config.temperature, max_output_tokens=config.max_output_tokens,
+            metadata=st.key(config).to_metadata())
+
+    return _grow(backend, storylines, config, stats, rejections, progress, request=request,
+                 attach=lambda st, parsed: st.sessions.insert(0, parsed), stage=lambda k: f"prequel_{k - 1}",
+                 later=2 * P + 1, gap_key="gap_to_next")
 
 
 def write_sequels(backend: LLMBackend, storylines: list[Storyline], config: SynthesisConfig,
@@ -235,34 +247,21 @@ def write_sequels(backend: LLMBackend, storylines: list[Storyline], config: Synt
                   progress: tqdm | None = None) -> list[Storyline]:
     """Grows every storyline forwards by `prequels_per_storyline` sessions, each written from the sessions so far
     only (oldest first); returns the ones that made it."""
-    world, P = config.world, config.prequels_per_storyline
-    alive = storylines
-    for s in range(1, P + 1):
-        requests = [
-            prompts.synthesis_sequel_request(
-                st.seed.facts, st.dialogues(), total=P + 1, turns=config.turns_per_session,
-                temperature=config.temperature, max_output_tokens=config.max_output_tokens,
-                metadata=st.key(config).to_metadata())
-            for st in alive
-        ]
-        parse = lambda i, r: parse_session(r, user_speaker=world.user_speaker,  # noqa: E731
-                                           assistant_speaker=world.assistant_speaker,
-                                           max_turns=config.max_turns_per_session, want_gap=True,
-                                           gap_key="gap_since_previous")
-        outcomes = ask(backend, requests, parse, max_attempts=config.max_attempts, batch_size=config.batch_size,
-                       stats=stats, progress=progress)
-        survivors = []
-        for st, out in zip(alive, outcomes, strict=True):
-            if out.value is None:
-                rejections.append(_rejection(st.seed.seed_id, st.index, f"sequel_{s}", out))
-                _advance(progress, 2 * P + 1 - s)  # its later sequels and all its annotations
-            else:
-                # the time since the previous session is that session's time until the next one
-                st.sessions[-1] = dataclasses.replace(st.sessions[-1], gap_to_next=out.value.gap_to_next)
-                st.sessions.append(WrittenSession(out.value.session, None))
-                survivors.append(st)
-        alive = survivors
-    return alive
+    P = config.prequels_per_storyline
+
+    def request(st: Storyline, k: int):
+        return prompts.synthesis_sequel_request(
+            st.seed.facts, st.dialogues(), total=P + 1, turns=config.turns_per_session,
+            temperature=config.temperature, max_output_tokens=config.max_output_tokens,
+            metadata=st.key(config).to_metadata())
+
+    def attach(st: Storyline, parsed) -> None:
+        # the time since the previous session is that session's time until the next one
+        st.sessions[-1] = dataclasses.replace(st.sessions[-1], gap_to_next=parsed.gap_to_next)
+        st.sessions.append(WrittenSession(parsed.session, None))
+
+    return _grow(backend, storylines, config, stats, rejections, progress, request=request, attach=attach,
+                 stage=lambda k: f"sequel_{k}", later=2 * P + 1, gap_key="gap_since_previous")
 
 
 def _parse_labels(sessions: list[list[Session]], current: int, user_speaker: str, i: int,

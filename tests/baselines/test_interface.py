@@ -3,7 +3,6 @@ the LLM answers and the offline rules a model could follow (no labels read)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,15 +13,9 @@ from icml_jax.baselines import BASELINES, DEFAULTS, baseline_factory, baseline_s
 from icml_jax.baselines import offline_answers, prompts
 from icml_jax.llm.offline import OfflineBackend
 from icml_jax.llm.types import LLMRequest, LLMResponse
+from tests.config_files import load_config
 
 ROOT = Path(__file__).parents[2]
-
-
-def load_config(name: str) -> ml_collections.ConfigDict:
-    spec = importlib.util.spec_from_file_location(f"baselines_test_{name}", ROOT / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
 
 
 def test_registry_names_and_unknown_name():

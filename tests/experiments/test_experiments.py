@@ -4,7 +4,6 @@ variants differ where they should."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 from icml_jax.experiments import runs
 from icml_jax.experiments.catalog import ABLATIONS, EXPERIMENTS
 from icml_jax.experiments.runner import _seeds_argv, run_experiment
+from tests.config_files import load_config
 
 ROOT = Path(__file__).parents[2]
 BASELINES = ("no_memory", "long_context", "dense", "heuristic", "memorybank", "mem0")
@@ -22,10 +22,7 @@ BASELINES = ("no_memory", "long_context", "dense", "heuristic", "memorybank", "m
 
 def smoke_config():
     """configs/demo.py at the smallest size that still has saves, needs and updates."""
-    spec = importlib.util.spec_from_file_location("demo_config", ROOT / "configs" / "demo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
+    c = load_config("demo")
     c.data.train_episodes = 2
     c.data.eval_episodes = 1
     c.synthesis.num_seeds = 2

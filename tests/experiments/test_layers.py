@@ -53,16 +53,10 @@ def test_configs_do_not_import_the_experiments():
 
 def test_the_demo_config_trains_as_the_persona_world_experiment():
     """configs/demo.py spells out the experiment's model and PPO settings; they must not drift apart."""
-    from ml_collections import config_flags  # noqa: F401  (config files load as files)
-
-    import importlib.util
-
     from icml_jax.experiments.persona_run import PersonaRunConfig
+    from tests.config_files import load_config
 
-    spec = importlib.util.spec_from_file_location("demo_config", Path(__file__).parents[2] / "configs" / "demo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config, run = module.get_config(), PersonaRunConfig()
+    config, run = load_config("demo"), PersonaRunConfig()
     assert (config.model.hidden, config.model.layers) == (run.hidden, run.layers)
     assert (config.policy.pooling, config.policy.match_rank) == (run.pooling, run.match_rank)
     for key, value in dataclasses.asdict(run.ppo).items():

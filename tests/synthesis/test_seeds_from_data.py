@@ -17,7 +17,8 @@ from icml_jax.data.schema import Episode, Session, Turn
 from icml_jax.data.stream import _split_names, online_stream
 from icml_jax.llm import OfflineBackend, prompts
 from icml_jax.synthesis import read_manifest, seeds_from_episodes
-from tests.test_main import ROOT, load_config, tiny_demo
+from tests.config_files import load_config
+from tests.test_main import ROOT, tiny_demo
 
 FIXTURES = ROOT / "tests" / "data" / "fixtures"
 DATASETS = {"cc": "cc", "msc": "msc_parlai", "gc": "gapchat"}  # config -> fixture folder
