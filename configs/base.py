@@ -17,15 +17,21 @@ from icml_jax.agents import build as policy_build
 from icml_jax.agents.observation import ObservationConfig
 from icml_jax.data import persona_world_config
 from icml_jax.models import lora
+from icml_jax.llm.gemini import GeminiConfig
 from icml_jax.rl.config import PPOConfig, RewardConfig
+from icml_jax.rl.divergence import DivergenceConfig
 from icml_jax.synthesis import default_config as synthesis_config
 from icml_jax.train import default_config as warmup_config
 
 
 def gemini_backend(model: str = "gemini-2.5-flash") -> ml_collections.ConfigDict:
-    """A Gemini back-end block; the API key is read from the environment (api_key_env), never from the config."""
-    return ml_collections.ConfigDict(dict(kind="gemini", model=model, thinking_budget=placeholder(int),
-                                          api_key_env=("GEMINI_API_KEY", "GOOGLE_API_KEY")))  # first one set wins
+    """A Gemini back-end block with every GeminiConfig knob (timeout_s, max_attempts, base_url, ... settable from
+    the command line); the API key is read from the environment (api_key_env, first one set wins), never from the
+    config. Switching `kind` on the command line leaves these keys behind; the other kinds ignore them."""
+    block = {f.name: getattr(GeminiConfig(model=model), f.name) for f in dataclasses.fields(GeminiConfig)}
+    typed = {"base_url": str, "api_version": str, "thinking_budget": int}  # None by default, settable
+    return ml_collections.ConfigDict(dict(kind="gemini", **{k: placeholder(typed[k]) if v is None and k in typed
+                                                            else v for k, v in block.items()}))
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -64,6 +70,7 @@ def get_config() -> ml_collections.ConfigDict:
     ))
     config.observation = ml_collections.ConfigDict(dataclasses.asdict(ObservationConfig()))
     config.synthesis = synthesis_config()
+    config.synthesis.max_failed_fraction = 0.1  # share of requests that may fail after all retries (skipped)
     config.warmup = warmup_config()
     del config.warmup["observation"]  # both policies see `config.observation` in every stage
     del config.warmup["rewards"]  # the value targets use `config.rl.reward`
@@ -83,6 +90,7 @@ def get_config() -> ml_collections.ConfigDict:
         note_max_tokens=128,  # length cap of a memory note (online, and the expert data's via the synthesis)
         planner_rule="policy",  # ablations: policy | save_all ("without Planner": every turn saved, not trained)
         trigger_rule="policy",  # ablations: policy | lexical ("without Trigger": BM25 top-1, not trained)
+        divergence=DivergenceConfig().to_dict(),  # when a PPO update counts as diverged (rl.divergence)
     ))
     config.synthesis.note_max_tokens = config.learner.get_ref("note_max_tokens")
     config.online = ml_collections.ConfigDict(dict(
@@ -96,6 +104,7 @@ def get_config() -> ml_collections.ConfigDict:
         selection="auto",  # auto (theanine for MSC / CC when its ids file is there) | seeded | theanine
         seed=0,  # the seeded draw
         judge=True,  # rate every reply on the five dimensions with config.llm.judge
+        max_failed_fraction=0.1,  # judge requests that may fail after all retries (counted, left out of the means)
         learn=False,  # True: learn online (PPO) on each episode's history sessions before answering its targets
         bertscore_model=placeholder(str),  # local encoder dir for BERTScore (paper: roberta-large); None: skipped
         bertscore_layer=17,  # bert-score's layer for roberta-large

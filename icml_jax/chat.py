@@ -3,14 +3,18 @@
 Loads the run config (`<workdir>/config.json`) and the trained policy (`<workdir>/policy`, else the warm-up
 checkpoint `<workdir>/warmup`), and chats as one user whose memories persist across restarts in
 `<workdir>/chat/memory.sqlite`. Each process continues the user's conversation as a new session (episode
-"chat", session = one more than the highest stored for the user), so fragment ids of different runs never
-collide. Decisions are greedy, so a given state always gives the same chat. Commands: /memories, /forget ID,
-/why, /help, /quit.
+"chat"), numbered by the store in one transaction (`MemoryStore.open_session`: one more than any session recorded
+or stored for the user), so two chats of one user running at once get different sessions and the fragment ids
+of different runs never collide. Decisions are greedy, so a given state always gives the same chat. Commands:
+/memories, /forget ID, /why, /help, /quit. A line that is not valid UTF-8 is rejected with one error line and the
+chat goes on; a damaged checkpoint stops the chat before it starts with one `chat error:` line (status 2).
 """
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
+import io
 import json
 import sys
 from collections.abc import Sequence
@@ -39,8 +43,12 @@ class ChatError(RuntimeError):
     """The chat cannot start; the message says what is missing and what to run."""
 
 
+def _train_command(workdir: Path) -> str:
+    return f"python -m icml_jax.main --config=configs/demo.py --workdir={workdir}"
+
+
 def _run_hint(workdir: Path) -> str:
-    return f"train an agent first: python -m icml_jax.main --config=configs/demo.py --workdir={workdir}"
+    return f"train an agent first: {_train_command(workdir)}"
 
 
 def load_run_config(workdir: Path) -> ml_collections.ConfigDict:
@@ -49,6 +57,27 @@ def load_run_config(workdir: Path) -> ml_collections.ConfigDict:
     if not path.is_file():
         raise ChatError(f"{path} does not exist: {workdir} holds no finished run; {_run_hint(workdir)}")
     return ml_collections.ConfigDict(json.loads(path.read_text(encoding="utf-8")))
+
+
+# What restoring a damaged checkpoint raises (truncated, garbage, missing or wrongly shaped files): OSError for
+# missing files; ValueError for bad JSON, bad UTF-8 and TensorStore's DATA_LOSS / OUT_OF_RANGE / NOT_FOUND on
+# array files; KeyError, TypeError and AttributeError from the metadata readers (ours and Orbax's) on JSON of the
+# wrong shape. The message keeps the type, so a programming error caught here still shows what it was.
+RESTORE_ERRORS: tuple[type[Exception], ...] = (OSError, ValueError, LookupError, TypeError, AttributeError)
+
+
+def restore_failure(workdir: Path, checkpoint: Path, exc: Exception) -> str:
+    """One line for a checkpoint that cannot be restored: which, why (first line of the error) and what to do."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    reason = f"{type(exc).__name__}: {first[:300]}{'...' if len(first) > 300 else ''}"
+    warm = workdir / WARMUP_DIR
+    fallback = (f", or move {checkpoint} away to chat with the warm-up checkpoint {warm}"
+                if checkpoint != warm and warm.is_dir() else "")
+    return (f"cannot restore the policy checkpoint {checkpoint} ({reason}); it is damaged or incomplete: restore it "
+            f"from a backup or train again ({_train_command(workdir)}){fallback}")
+
+
+ignoring_closed_event_loops = job.ignoring_closed_event_loops  # (defined beside the main job's CLI)
 
 
 def find_checkpoint(workdir: Path) -> tuple[Path, str]:
@@ -105,10 +134,14 @@ def load_model(workdir: str | Path) -> ChatModel:
         raise ChatError(f"config.llm.generator of {workdir} is a Gemini back end: {exc}") from None
     try:
         policies, tokenizer = job.build_models(config, workdir)
-        meta = load_warmup(checkpoint, policies)
     except (OSError, ValueError) as exc:
         generator.close()
-        raise ChatError(f"cannot restore the policy of {workdir} from {checkpoint}: {exc}") from None
+        raise ChatError(f"cannot build the policies of {workdir}: {exc}") from None
+    try:
+        meta = load_warmup(checkpoint, policies)
+    except RESTORE_ERRORS as exc:
+        generator.close()
+        raise ChatError(restore_failure(workdir, checkpoint, exc)) from exc
     policies.eval()  # adapter dropout off
     world, learner = config.data.get("world") or {}, config.get("learner") or {}
     agent_config = AgentConfig(
@@ -129,7 +162,7 @@ class ChatSession:
             raise ChatError("--user is required: the chat keeps one memory per user")
         self.model, self.store, self.user_id = model, store, user_id
         self.agent = model.agent(store)
-        self.session = 1 + max((f.session for f in store.fragments(user_id, episode_id=EPISODE_ID)), default=0)
+        self.session = store.open_session(user_id, EPISODE_ID)  # atomic: a parallel chat of this user gets another
         self.history: list[tuple[str, str]] = []  # this session's dialogue, (speaker, text), oldest first
         self.last_receipt: Any = None
         self._owns_store = owns_store
@@ -195,6 +228,33 @@ class ChatSession:
 
 
 QUIT = ("/quit", "/exit")
+MAX_FAILED_READS = 20  # consecutive undecodable reads from a stream that keeps failing: stop instead of spinning
+
+
+def _tolerant(stream: TextIO) -> TextIO:
+    """`stream`, decoding bytes that are not valid in its encoding as surrogates instead of raising.
+
+    A strict text stream that meets one bad byte raises and loses its whole read-ahead buffer; with
+    surrogateescape, the bad line arrives intact and `_undecodable` rejects just that line.
+    """
+    if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+        stream.reconfigure(errors="surrogateescape")
+    return stream
+
+
+def _encoding_name(stream: TextIO) -> str:
+    try:
+        return codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name.upper()
+    except LookupError:
+        return "UTF-8"
+
+
+def _undecodable(line: str) -> str | None:
+    """Where `line` holds a byte its stream could not decode (a surrogate escape), e.g. 'byte 0xff at column 5'."""
+    for column, char in enumerate(line, 1):
+        if "\udc80" <= char <= "\udcff":
+            return f"byte 0x{ord(char) - 0xDC00:02x} at column {column}"
+    return None
 
 
 def _read(input_stream: TextIO, prompt: str) -> str | None:
@@ -209,7 +269,11 @@ def _read(input_stream: TextIO, prompt: str) -> str | None:
 
 
 def repl(session: ChatSession, input_stream: TextIO, output_stream: TextIO) -> int:
-    """Reads lines until /quit or EOF: `/commands` are run, other non-empty lines go to the agent; returns 0."""
+    """Reads lines until /quit or EOF: `/commands` are run, other non-empty lines go to the agent; returns 0.
+
+    A line that is not valid in the input's encoding is answered with one error line and skipped (a strict
+    `io.TextIOWrapper` input is switched to errors="surrogateescape" for this).
+    """
     from icml_jax.llm.types import BackendError
     from icml_jax.memory.store import MemoryStoreError
 
@@ -219,8 +283,25 @@ def repl(session: ChatSession, input_stream: TextIO, output_stream: TextIO) -> i
 
     say(session.banner())
     prompt = f"{session.user_id}> "
+    input_stream, encoding = _tolerant(input_stream), _encoding_name(input_stream)
+    failed_reads = 0
     try:
-        while (line := _read(input_stream, prompt)) is not None:
+        while True:
+            try:
+                line = _read(input_stream, prompt)
+            except UnicodeDecodeError as exc:  # a stream that cannot be made tolerant
+                say(f"error: input is not valid {encoding} ({exc.reason} at byte {exc.start}); turn ignored")
+                failed_reads += 1
+                if failed_reads >= MAX_FAILED_READS:
+                    say(f"error: {failed_reads} reads in a row failed to decode; leaving")
+                    break
+                continue
+            failed_reads = 0
+            if line is None:
+                break
+            if bad := _undecodable(line):
+                say(f"error: input is not valid {encoding} ({bad}); turn ignored")
+                continue
             line = line.strip()
             if not line:
                 continue
@@ -253,11 +334,11 @@ def main(argv: Sequence[str]) -> None:
     from icml_jax.memory.store import MemoryStoreError
 
     job.quiet_info_logs()  # keep Orbax's INFO lines out of the conversation
+    sys.unraisablehook = ignoring_closed_event_loops(sys.unraisablehook)  # a damaged checkpoint: one line, no tail
     try:
         session = ChatSession.open(workdir, _USER.value, _MEMORY_DB.value)
     except (ChatError, MemoryStoreError, ValueError) as exc:
-        print(f"chat error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        job.fail("chat", exc, job._DEBUG.value)
     try:
         code = repl(session, sys.stdin, sys.stdout)
     finally:
@@ -267,4 +348,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=lambda argv: job.parse_flags(argv, "chat"))

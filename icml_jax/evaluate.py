@@ -16,8 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +188,7 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     `<workdir>/eval/`; returns results.json's content. `cache_path`: the back-end answer cache (default
     `<workdir>/eval/cache.sqlite`; experiments share one across their variants)."""
     from icml_jax.data.stream import user_speaker
-    from icml_jax.evaluation.cache import CachedBackend, ResponseCache
+    from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
     from icml_jax.evaluation.judging import judge_targets, proxy_truth_correlation
     from icml_jax.evaluation.pairwise import compare, write_pairwise
     from icml_jax.evaluation.protocol import play
@@ -212,28 +211,39 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     tokenizer = build_tokenizer(config, workdir)
     cache = ResponseCache(Path(cache_path) if cache_path else out_dir / CACHE_FILE)
     remote = lambda block: block.get("kind") == "gemini"  # noqa: E731  (one request per call: nothing lost)
-    generator = CachedBackend(make_backend(config.llm.generator), cache, config.llm.generator.to_dict(),
-                              per_request=remote(config.llm.generator))
+    generator = CachedBackend(make_backend(config.llm.generator), cache,
+                              answer_namespace(config.llm.generator.to_dict()), per_request=remote(config.llm.generator))
     count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     use_judge = bool((config.get("eval") or {}).get("judge", True))
-    judge_backend = CachedBackend(make_backend(config.llm.judge), cache, config.llm.judge.to_dict(),
+    judge_backend = CachedBackend(make_backend(config.llm.judge), cache,
+                                  answer_namespace(config.llm.judge.to_dict()),
                                   per_request=remote(config.llm.judge)) if use_judge else None
     try:
         with MemoryStore() as store:
             agent, provenance = factory(EvalContext(config, workdir, generator, judge_backend, store, tokenizer,
                                                     count))
             agent.name = system
+            learn = bool((config.get("eval") or {}).get("learn", False))
+            failed: list[dict[str, str]] | None = None if learn else []  # a learner cannot skip half an episode
             results = play(agent, episodes, user_speaker=user_speaker(config), count_tokens=count,
-                           progress=lambda xs: tqdm(xs, desc=f"evaluating {system}", unit="ep", leave=False))
+                           progress=lambda xs: tqdm(xs, desc=f"evaluating {system}", unit="ep", leave=False),
+                           failures=failed)
+        _check_failures(config, "episodes (a reply or memory request)", failed or [], len(episodes), cache.path,
+                        "episode_id")
         correlation = None
-        if judge_backend is not None:
-            judge_targets(QualityJudge(judge_backend), results, episodes)
-            correlation = proxy_truth_correlation(ProxyJudge(judge_backend), results, episodes)
+        if judge_backend is not None:  # a judge request that fails for good is a recorded judge failure
+            judge_targets(QualityJudge(judge_backend, backend_failures="record"), results, episodes)
+            rows = [row for r in results for row in r.targets]
+            _check_failures(config, "judge requests", [r for r in rows if str(r.get("judge_failure") or "")
+                                                       .startswith("back end:")], len(rows), cache.path, "judge_failure")
+            correlation = proxy_truth_correlation(ProxyJudge(judge_backend, backend_failures="record"), results,
+                                                  episodes)
         if other_rows is not None:
             if judge_backend is None:
                 raise ValueError("--against needs the judge (config.eval.judge)")
             pairwise = compare([row for r in results for row in r.targets], other_rows,
-                               PairwiseJudge(judge_backend), episodes, seed=int(config.seed))
+                               PairwiseJudge(judge_backend, backend_failures="record"), episodes,
+                               seed=int(config.seed))
     finally:
         generator.close()
         if judge_backend is not None:
@@ -245,7 +255,6 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     llm_usage = {role: _usage(b, turns, (config.get("eval") or {}).get("prices", {}).get(role))
                  for role, b in (("generator", generator), ("judge", judge_backend)) if b is not None}
     judge_block = config.llm.judge.to_dict() if use_judge else None
-    learn = bool((config.get("eval") or {}).get("learn", False))
     setting = {"data": config.data.name, "episode_ids": [e.episode_id for e in episodes],
                "selection": "held-out persona-world episodes" if config.data.name == "persona_world"
                else eval_selection(config),
@@ -256,6 +265,7 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
                "backend_requests": {"sent": sum(b.misses for b in backends),
                                     "from_cache": sum(b.hits for b in backends)},
                "llm_usage": llm_usage,
+               "failed_episodes": failed or [],  # skipped: a back-end request failed for good (their ids, why)
                "versions": _versions(), "config": config.to_dict()}
     content = write_outputs(out_dir, results, system, setting, model_scores,
                             memory_extra={"proxy_truth": correlation} if correlation else None)
@@ -263,6 +273,22 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
         content["pairwise"] = write_pairwise(out_dir, pairwise, _name(workdir), _name(Path(against)),
                                              {k: setting[k] for k in ("data", "judge", "seed")})
     return content
+
+
+class EvaluationError(RuntimeError):
+    """The evaluation cannot produce its tables (e.g. too many judge requests failed); says what to do."""
+
+
+def _check_failures(config: ml_collections.ConfigDict, what: str, failed: Sequence[Mapping[str, Any]], total: int,
+                    cache: Path, field: str) -> None:
+    """Fails when more than `eval.max_failed_fraction` of `total` (episodes, judge requests) failed in the back end
+    for good (each is counted in results.json and left out; a few are tolerated, a broken back end is not)."""
+    limit = float((config.get("eval") or {}).get("max_failed_fraction", 0.1))
+    if total and len(failed) / total > limit:
+        raise EvaluationError(
+            f"{len(failed)} of {total} {what} failed after all retries ({len(failed) / total:.1%} > "
+            f"eval.max_failed_fraction={limit:g}); first: {str(failed[0].get(field))[:300]}. Answers so far are "
+            f"cached in {cache}: rerun to ask only what is missing, or raise eval.max_failed_fraction")
 
 
 def cli() -> None:
@@ -286,9 +312,12 @@ def cli() -> None:
         try:
             content = evaluate_workdir(config_flag.value, workdir_flag.value, checkpoint=checkpoint_flag.value,
                                        against=against_flag.value)
-        except (ValueError, KeyError, FileNotFoundError, ChatError) as exc:  # the setting, not a bug: no traceback
-            print(f"evaluation error: {exc}", file=sys.stderr)
-            sys.exit(2)
+        except (ValueError, KeyError, FileNotFoundError, ChatError, EvaluationError) as exc:  # not a bug
+            job.fail("evaluation", exc, job._DEBUG.value)
+        except Exception as exc:
+            if job.user_error(exc) is None:
+                raise
+            job.fail("evaluation", exc, job._DEBUG.value)
         out = Path(workdir_flag.value).expanduser().absolute() / EVAL_DIR
         gen = content["generation"]
         print(f"{content['targets']} targets in {content['episodes']} episodes: BLEU-4 {gen['BLEU-4']:.2f}, "
@@ -298,7 +327,7 @@ def cli() -> None:
             print(f"vs {content['pairwise']['b']}: win {100 * p['win_rate']:.1f}%, tie {100 * p['tie_rate']:.1f}%, "
                   f"lose {100 * p['loss_rate']:.1f}%, sign test p = {p['p_value']:.3g}")
 
-    app.run(main)
+    app.run(main, flags_parser=lambda argv: job.parse_flags(argv, "evaluation"))
 
 
 if __name__ == "__main__":

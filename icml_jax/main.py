@@ -84,7 +84,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str])
     from icml_jax import parallel
     from icml_jax.data.stream import check_data_config
     from icml_jax.llm.gemini import read_api_key
-    from icml_jax.llm.registry import available_backends
+    from icml_jax.llm.registry import check_backend
     from icml_jax.llm.types import MissingAPIKeyError
 
     if not str(workdir):
@@ -117,17 +117,25 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str])
                               f"it needs config.data.name='persona_world', got {config.data.name!r}")
     else:
         raise ConfigError(f"config.model.kind={config.model.kind!r} is not 'pretrained' or 'tiny'")
-    for role in _backend_roles(config, stages):
-        block = config.llm.get(role)
-        kind = block.get("kind") if block is not None else None
-        if kind not in available_backends():
-            raise ConfigError(f"config.llm.{role}.kind={kind!r} is not one of {available_backends()}")
-        if kind == "gemini":
-            env = tuple(block.get("api_key_env") or ("GEMINI_API_KEY", "GOOGLE_API_KEY"))
+    roles = _backend_roles(config, stages)
+    for role, block in config.llm.items():  # every block's kind, keys and values, used by these stages or not
+        if block is None and role not in roles:
+            continue
+        try:
+            if block is None:
+                raise ValueError(f"config.llm.{role}: no back end configured, but the stages {list(stages)} use it")
+            values = check_backend(block, f"config.llm.{role}")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if role in roles and values["kind"] == "gemini":
+            env = tuple(values.get("api_key_env") or ("GEMINI_API_KEY", "GOOGLE_API_KEY"))
             try:
                 read_api_key(env)  # the key itself is never kept, logged or written
             except MissingAPIKeyError as exc:
-                raise ConfigError(f"config.llm.{role} is a Gemini back end ({block.get('model')}): {exc}") from None
+                raise ConfigError(f"config.llm.{role} is a Gemini back end ({values.get('model')}): {exc}; or try "
+                                  f"it without a key: --config.llm.{role}.kind=offline") from None
+    if {"synthesize", "warmup"} & set(stages):
+        _check_candidates(config)
     _check_blocks(config, stages)
     _check_checkpoint(config)
     init_from = (config.get("online") or {}).get("init_from")
@@ -173,6 +181,17 @@ def _check_blocks(config: ml_collections.ConfigDict, stages: Sequence[str]) -> N
             check()
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"config.{name}: {exc}") from None
+
+
+def _check_candidates(config: ml_collections.ConfigDict) -> None:
+    """A synthesized Trigger example shows its positive and its negatives: they must fit the observation."""
+    syn, limit = config.synthesis, config.observation.max_candidates
+    shown = 1 + int(syn.hard_negatives) + int(syn.soft_negatives)
+    if shown > limit:
+        raise ConfigError(f"config.observation.max_candidates={limit} is smaller than the memories a synthesized "
+                          f"Trigger example shows (1 + synthesis.hard_negatives={syn.hard_negatives} + "
+                          f"synthesis.soft_negatives={syn.soft_negatives} = {shown}); raise max_candidates or lower "
+                          "the negatives")
 
 
 def _check_checkpoint(config: ml_collections.ConfigDict) -> None:
@@ -273,6 +292,7 @@ def _warmup(config: ml_collections.ConfigDict):
 def _learner(config: ml_collections.ConfigDict):
     from icml_jax.agents.agent import AgentConfig
     from icml_jax.data.stream import user_speaker
+    from icml_jax.rl.divergence import DivergenceConfig
     from icml_jax.rl.learner import LearnerConfig
 
     agent = AgentConfig(observation=_observation(config), reply_temperature=config.learner.reply_temperature,
@@ -282,7 +302,8 @@ def _learner(config: ml_collections.ConfigDict):
                         trigger_rule=config.learner.get("trigger_rule", "policy"))
     return LearnerConfig(ppo=_ppo(config), reward=_reward(config), agent=agent,
                          update_every=config.learner.update_every, seed=config.seed,
-                         user_speaker=user_speaker(config), fresh_memory=config.learner.fresh_memory)
+                         user_speaker=user_speaker(config), fresh_memory=config.learner.fresh_memory,
+                         divergence=DivergenceConfig.from_config(config.learner.get("divergence")))
 
 
 # ------------------------------------------------------------------------------------------------ the run
@@ -318,6 +339,7 @@ class Run:
     tokenizer: Any = None
     summary: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     deferred: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # done, not yet committed
+    resume: tuple[int, dict[str, Any], dict[str, Any]] | None = None  # the online checkpoint to continue from
 
     def models(self) -> tuple[Any, Any]:
         """The policies and tokenizer, built on first use (tiny random backbone or local HF checkpoint)."""
@@ -401,13 +423,22 @@ def stage_synthesize(run: Run) -> dict[str, Any]:
     # the expert data's memories are condensed as online ones: by the generator (the agent's condenser)
     condense = bool(run.config.synthesis.get("condense_memories", True))
     condenser = make_backend(run.config.llm.generator) if condense and role != "generator" else backend
-    manifest = synthesize(_synthesis(run.config), backend, run.workdir / SYNTHESIS_DIR,
-                          seeds=synthesis_seeds(run.config), condenser=condenser)
-    counts = manifest["counts"]
+    try:
+        manifest = synthesize(_synthesis(run.config), backend, run.workdir / SYNTHESIS_DIR,
+                              seeds=synthesis_seeds(run.config), condenser=condenser)
+    finally:  # Gemini's threads and connections
+        for b in {id(backend): backend, id(condenser): condenser}.values():
+            b.close()
+    counts, usage = manifest["counts"], manifest["usage"]
     row = {"storylines_accepted": counts["storylines_accepted"], "storylines_rejected": counts["storylines_rejected"],
            "train_episodes": counts["train"]["episodes"], "heldout_episodes": counts["heldout"]["episodes"],
            "train_trigger_examples": counts["train"]["trigger"].get("examples"),
-           "malformed_answers": counts["malformed_answers"], "tokens": manifest["usage"].get("total_tokens")}
+           "malformed_answers": counts["malformed_answers"], "failed_requests": counts.get("failed_requests"),
+           "requests_from_cache": (manifest.get("cache") or {}).get("hits"),
+           **{f"llm/{k}": usage.get(k) for k in ("total_tokens", "calls", "attempts", "retries", "failures")}}
+    if (manifest.get("memories") or {}).get("usage"):  # the condenser is a back end of its own
+        row.update({f"condenser/{k}": v for k, v in manifest["memories"]["usage"].items()
+                    if k in ("total_tokens", "attempts", "retries", "failures")})
     run.metrics.write("synthesize", row)
     return row
 
@@ -420,7 +451,8 @@ def stage_warmup(run: Run) -> dict[str, Any]:
     result = warmup(_warmup(run.config), policies, tokenizer, run.workdir / SYNTHESIS_DIR, run.workdir)
     for row in result.history:
         run.metrics.write("warmup", dict(row))
-    summary = {"steps": result.steps, "skipped_steps": result.skipped_steps, "seconds": result.seconds,
+    summary = {"steps": result.steps, "skipped_steps": result.skipped_steps, "rollbacks": result.rollbacks,
+               "seconds": result.seconds,
                "checkpoint": result.checkpoint, **{f"before/{k}": v for k, v in result.before.items()},
                **{f"after/{k}": v for k, v in result.after.items()}}
     run.metrics.write("warmup", {"final": True, **summary})
@@ -445,7 +477,7 @@ def _session_rows(phase: str, sessions: Sequence[Any]) -> list[dict[str, Any]]:
 def stage_online(run: Run) -> dict[str, Any]:
     """Online PPO (Algorithm 1) with held-out evaluations before and after, checkpointed every N episodes.
 
-    Resumes from the latest complete checkpoint in `<workdir>/checkpoints` when there is one: learner state,
+    Resumes from the checkpoint `run` chose (the newest in `<workdir>/checkpoints` that restores): learner state,
     every user's memory, the data stream's position and the before-evaluation come back; metrics written after
     that checkpoint were already cut by `run`.
     """
@@ -492,7 +524,7 @@ def stage_online(run: Run) -> dict[str, Any]:
                                                       "metrics_bytes": run.metrics.position()})
             saved = learner.episodes_seen
 
-        restored = ckpt.restore()
+        restored, run.resume = run.resume, None  # read by _resume_point, so the metrics were cut at its step
         if restored is not None:
             saved, arrays, state = restored
             learner.load_state_dict({**state, **arrays})
@@ -529,7 +561,9 @@ def stage_online(run: Run) -> dict[str, Any]:
         after, after_rows = held_out_eval(learner.episodes_seen)
     for row in before_rows + online_rows + after_rows:
         run.metrics.write("online", row)
-    summary = {"episodes": learner.episodes_seen, "updates": learner.updates, **online,
+    summary = {"episodes": learner.episodes_seen, "updates": learner.updates,
+               "skipped_steps": int(learner.updater.num_skipped), "rollbacks": learner.updater.monitor.rollbacks,
+               **online,
                **{f"after/{k}": v for k, v in after.items()}, **{f"before/{k}": v for k, v in before.items()}}
     run.save_policy({"stage": "online", "episodes": learner.episodes_seen, "updates": learner.updates})
     run.metrics.write("online", {"final": True, **summary})
@@ -543,23 +577,34 @@ STAGE_FNS: dict[str, Callable[[Run], dict[str, Any]]] = {
 }
 
 
-def _resume_point(root: Path, progress: dict[str, Any], stages: Sequence[str]) -> tuple[int, dict[str, int]]:
-    """(metrics bytes to keep, TensorBoard purge step per stage) for continuing the run held in `root`."""
+@dataclasses.dataclass
+class ResumePoint:
+    """Where a run continues: metrics bytes to keep, TensorBoard purge step per stage, and the online checkpoint
+    it restores (read once here, so the metrics are cut at exactly the state the online stage continues from)."""
+
+    metrics_bytes: int
+    purge: dict[str, int]
+    checkpoint: tuple[int, dict[str, Any], dict[str, Any]] | None = None  # (step, arrays, state)
+    skipped: list[str] = dataclasses.field(default_factory=list)  # newer checkpoints that did not restore, why
+
+
+def _resume_point(root: Path, progress: dict[str, Any], stages: Sequence[str]) -> ResumePoint:
+    """Where the run held in `root` continues; the newest online checkpoint that restores is the point (damaged
+    newer ones are moved aside with a warning that names them)."""
     done = progress["done"]
-    keep = int(progress["metrics_bytes"])
-    purge = {s: 0 for s in stages if s not in done}
+    point = ResumePoint(int(progress["metrics_bytes"]), {s: 0 for s in stages if s not in done})
     if "online" in stages and "online" not in done and (root / CHECKPOINT_DIR).is_dir():
         from icml_jax.rl.checkpoint import RunCheckpointer
 
         with RunCheckpointer(root / CHECKPOINT_DIR) as ckpt:
-            latest = ckpt.restore_state()
-        if latest is not None:
-            step, state = latest
-            keep = int(state["metrics_bytes"])
-            purge.update(online=step + 1, eval=1 if step else 0)
-    if "online" in purge:
-        purge.setdefault("eval", purge["online"])
-    return keep, purge
+            point.checkpoint, point.skipped = ckpt.restore_newest(), ckpt.skipped
+        if point.checkpoint is not None:
+            step, _, state = point.checkpoint
+            point.metrics_bytes = int(state["metrics_bytes"])
+            point.purge.update(online=step + 1, eval=1 if step else 0)
+    if "online" in point.purge:
+        point.purge.setdefault("eval", point.purge["online"])
+    return point
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
@@ -575,13 +620,18 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
     progress = read_progress(root)
     if "online" in stages and any(s not in progress["done"] for s in stages[:stages.index("online")]):
         shutil.rmtree(root / CHECKPOINT_DIR, ignore_errors=True)  # taken after a stage that runs again: stale
-    keep, purge = _resume_point(root, progress, stages)
-    state = Run(config, root, MetricsLog(root, truncate_to=keep, purge_steps=purge), progress)
+    point = _resume_point(root, progress, stages)
+    state = Run(config, root, MetricsLog(root, truncate_to=point.metrics_bytes, purge_steps=point.purge), progress,
+                resume=point.checkpoint)
     start = time.perf_counter()
     try:
         todo = [s for s in stages if s not in progress["done"]]
+        for line in point.skipped:
+            print(f"warning: {line}", file=out)
         if todo and todo != list(stages):
-            print(f"resuming {root}: finished {[s for s in stages if s in progress['done']]}, next {todo}", file=out)
+            at = f" (online checkpoint step {point.checkpoint[0]})" if point.checkpoint else ""
+            print(f"resuming {root}: finished {[s for s in stages if s in progress['done']]}, next {todo}{at}",
+                  file=out)
         bar = tqdm(stages, desc="stages", unit="stage")
         for i, stage in enumerate(bar):
             bar.set_postfix_str(stage)
@@ -621,9 +671,9 @@ def _fmt(value: Any) -> str:
 
 SUMMARY_KEYS = {
     "synthesize": ("storylines_accepted", "train_episodes", "heldout_episodes", "train_trigger_examples"),
-    "warmup": ("steps", "before/planner/accuracy", "after/planner/accuracy", "before/trigger/accuracy",
+    "warmup": ("steps", "skipped_steps", "rollbacks", "before/planner/accuracy", "after/planner/accuracy", "before/trigger/accuracy",
                "after/trigger/accuracy"),
-    "online": ("episodes", "updates", "before/eval/planner_precision", "after/eval/planner_precision",
+    "online": ("episodes", "updates", "skipped_steps", "rollbacks", "before/eval/planner_precision", "after/eval/planner_precision",
                "before/eval/planner_recall", "after/eval/planner_recall", "before/eval/trigger_recall",
                "after/eval/trigger_recall"),
 }
@@ -654,21 +704,106 @@ def quiet_info_logs() -> None:
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file, e.g. configs/demo.py",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "directory for metrics.jsonl and the stages' outputs")
+_DEBUG = flags.DEFINE_bool("debug", False, "show the traceback of an error a user can cause (a config, data, "
+                           "checkpoint or back-end problem) instead of its one-line message")
+
+
+def ignoring_closed_event_loops(hook: Callable[[Any], object]) -> Callable[[Any], None]:
+    """`hook` (a sys.unraisablehook) minus the "Event loop is closed" reports a failed Orbax restore leaves behind.
+
+    When one array of a checkpoint cannot be read, the restore's other TensorStore reads finish after Orbax closed
+    its event loop, and each reports that as an unraisable RuntimeError: a traceback per tensor after the one-line
+    error. Every other report goes to `hook`.
+    """
+
+    def filtered(unraisable: Any) -> None:
+        exc = getattr(unraisable, "exc_value", None)
+        if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+            return
+        hook(unraisable)
+
+    return filtered
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions a user causes (a config, data file, checkpoint, back end or diverging setting) and fixes from
+    the message alone: the CLIs print them as one line and exit with status 2; anything else is a bug."""
+    from icml_jax.llm.types import BackendError, MissingAPIKeyError
+    from icml_jax.memory.store import MemoryStoreError
+    from icml_jax.rl.checkpoint import CheckpointError
+    from icml_jax.rl.divergence import DivergenceError
+
+    return (ConfigError, CheckpointError, DivergenceError, BackendError, MissingAPIKeyError, MemoryStoreError,
+            *_extra_user_errors())
+
+
+def _extra_user_errors() -> tuple[type[BaseException], ...]:
+    """Data and model-file errors (their modules name what failed: file, record, tensor)."""
+    from icml_jax.data.report import DataError
+    from icml_jax.models.config import ModelConfigError
+    from icml_jax.models.safetensors_io import CheckpointError as WeightsError
+
+    return (DataError, ModelConfigError, WeightsError)
+
+
+def user_error(exc: BaseException) -> BaseException | None:
+    """The user error behind `exc` (itself or a cause it was raised from), or None for a bug."""
+    errors = user_errors()
+    while exc is not None:
+        if isinstance(exc, errors):
+            return exc
+        exc = exc.__cause__
+    return None
+
+
+def fail(tool: str, exc: BaseException, debug: bool) -> None:
+    """Ends a CLI on a user error: one `<tool> error: ...` line on stderr and status 2 (--debug: the traceback)."""
+    if debug:
+        raise exc
+    print(f"{tool} error: {' '.join(str(exc).split())}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _override_path(argv: Sequence[str], exc: BaseException) -> str:
+    """The `--config.a.b` override of `argv` that names the key `exc` complains about (or all of them)."""
+    text = " ".join(str(e) for e in (exc, exc.__context__, exc.__cause__) if e is not None)
+    overrides = [a.split("=", 1)[0] for a in argv if a.startswith("--config.")]
+    named = [o for o in overrides if any(f"'{part}'" in text for part in o.split(".")[1:])]
+    return ", ".join(named or overrides) or "the --config flag"
+
+
+def parse_flags(argv: Sequence[str], tool: str = "config") -> list[str]:
+    """absl's flag parsing, with a command-line override of a key the config lacks (or of a wrong type) ending
+    in one line naming the flag instead of a traceback from ml_collections."""
+    try:
+        return flags.FLAGS(list(argv))
+    except flags.Error as exc:
+        fail(tool, ConfigError(f"{exc}; --helpfull lists the flags"), "--debug" in argv)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        where = _override_path(argv, exc)
+        fail(tool, ConfigError(f"{where}: no such key in the config file, or a value of the wrong type "
+                               f"({type(exc).__name__}: {exc}); the config file's keys are the ones to override"),
+             "--debug" in argv)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def main(argv: Sequence[str]) -> None:
-    """absl entry point: a config error exits with its message and status 2 before any stage runs."""
+    """absl entry point: a user error (config, data, checkpoint, back end, divergence) exits with one line and
+    status 2; `--debug` shows its traceback."""
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
     if _CONFIG.value is None:
         raise app.UsageError("--config is required, e.g. --config=configs/demo.py")
     quiet_info_logs()
+    sys.unraisablehook = ignoring_closed_event_loops(sys.unraisablehook)  # a damaged checkpoint: one line, no tail
     try:
         run(_CONFIG.value, _WORKDIR.value or "")
-    except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    except Exception as exc:
+        cause = user_error(exc)
+        if cause is None:
+            raise
+        fail("config" if isinstance(cause, ConfigError) else "run", exc, _DEBUG.value)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

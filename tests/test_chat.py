@@ -1,5 +1,6 @@
 """The terminal chat: memories that survive a restart, /forget, /why, per-user isolation, determinism, clear
-errors without a trained policy, and `python -m icml_jax.chat` on piped stdin.
+errors without a trained policy or with a damaged one, two chats of one user at once, input that is not UTF-8,
+and `python -m icml_jax.chat` on piped stdin.
 
 The workdir is built here, not trained: the tiny demo model with its Planner biased to always save and its
 Trigger aimed (from the features of the exact observation) at the stored fact for the dinner question.
@@ -14,6 +15,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+import types
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -24,7 +27,9 @@ from icml_jax import chat
 from icml_jax import main as job
 from icml_jax.agents import observation as obs
 from icml_jax.agents.policy import _features
+from icml_jax.memory import MemoryStore
 from icml_jax.train.checkpoint import save_warmup
+from tests.memory import store_workers
 
 ROOT = Path(__file__).resolve().parents[1]
 FACT = "Just so you know, I only eat vegan food."
@@ -208,13 +213,144 @@ def test_command_line_chat(workdir, tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, "-m", "icml_jax.chat", f"--workdir={workdir}", "--user=max",
            f"--memory_db={tmp_path / 'cli.sqlite'}"]
-    done = subprocess.run(cmd, input=f"{FACT}\nhello there\n/memories\n/quit\n", capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("assistant: ") == 2 and f"s1/t0  {FACT}" in done.stdout and "bye" in done.stdout
-    assert "Traceback" not in done.stderr and (tmp_path / "cli.sqlite").is_file()
+    typed = f"{FACT}\n".encode() + b"caf\xe9 au lait\n" + b"hello there\n/memories\n/quit\n"  # a Latin-1 line
+    done = subprocess.run(cmd, input=typed, capture_output=True, cwd=ROOT, env=env, timeout=300)
+    stdout, stderr = done.stdout.decode(), done.stderr.decode()
+    assert done.returncode == 0, stderr[-3000:]
+    assert stdout.count("assistant: ") == 2 and f"s1/t0  {FACT}" in stdout and "bye" in stdout
+    assert "error: input is not valid UTF-8 (byte 0xe9 at column 4); turn ignored\n" in stdout
+    assert "Traceback" not in stderr and (tmp_path / "cli.sqlite").is_file()
 
     missing = subprocess.run([*cmd[:3], f"--workdir={tmp_path / 'nothing'}", "--user=max"], input="",
                              capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert missing.stderr.startswith("chat error: ") and "python -m icml_jax.main" in missing.stderr
+
+
+def _halve_every_file(policy: Path) -> None:
+    for f in filter(Path.is_file, policy.rglob("*")):
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+def _garble_array_files(policy: Path) -> None:
+    for f in filter(Path.is_file, (policy / "state" / "d").rglob("*")):
+        f.write_bytes(b"\x00not an array\xff" * 8)
+
+
+DAMAGES = {  # the first two escaped load_model as KeyError tracebacks; the last left a traceback per tensor behind
+    "orbax metadata of the wrong shape": lambda policy: (policy / "state" / "_METADATA").write_text("{}"),
+    "warmup.json without params": lambda policy: (policy / "warmup.json").write_text('{"format_version": 1}'),
+    "every file truncated": _halve_every_file,  # JSONDecodeError
+    "array files overwritten": _garble_array_files,  # TensorStore's ValueError, then "Event loop is closed" reports
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_checkpoint_is_one_clear_error(workdir, tmp_path, monkeypatch, damage):
+    """Issue 16: a damaged policy/ gave a long traceback. Now one ChatError line (main prints it, status 2), and
+    the chat's unraisable hook drops the "Event loop is closed" reports the failed restore leaves behind."""
+    broken = tmp_path / "broken"
+    shutil.copy(workdir / "config.json", broken.mkdir() or broken / "config.json")
+    shutil.copytree(workdir / chat.POLICY_DIR, broken / chat.POLICY_DIR)
+    shutil.copytree(workdir / chat.POLICY_DIR, broken / chat.WARMUP_DIR)
+    DAMAGES[damage](broken / chat.POLICY_DIR)
+    shown: list[object] = []  # what the chat's hook lets through to the default one
+    monkeypatch.setattr(sys, "unraisablehook", chat.ignoring_closed_event_loops(shown.append))
+    with pytest.raises(chat.ChatError) as err:
+        chat.load_model(broken)
+    if damage == "array files overwritten":
+        time.sleep(1.0)  # the stray reports arrive from TensorStore's threads after the restore has failed
+    assert shown == []
+    message, policy = str(err.value), broken / chat.POLICY_DIR
+    assert "\n" not in message and message.startswith(f"cannot restore the policy checkpoint {policy} (")
+    assert "damaged or incomplete" in message and f"--workdir={broken}" in message
+    assert f"or move {policy} away to chat with the warm-up checkpoint {broken / 'warmup'}" in message
+    policy.rename(broken / "policy.damaged")  # the advice works
+    chat.load_model(broken).close()
+
+
+def test_the_unraisable_filter_passes_every_other_report():
+    shown: list[object] = []
+    hook = chat.ignoring_closed_event_loops(shown.append)
+    closed, other = (types.SimpleNamespace(exc_value=e, object=None) for e in
+                     (RuntimeError("Event loop is closed"), RuntimeError("something else")))
+    hook(closed)
+    hook(other)
+    assert shown == [other]
+
+
+def stub_session(tmp_path: Path, user: str = "nina") -> chat.ChatSession:
+    """A chat whose agent saves every turn verbatim (no model): for the REPL's own behaviour."""
+    return chat.ChatSession(store_workers.StubChatModel(), MemoryStore(tmp_path / "stub.sqlite"), user,
+                            owns_store=True)
+
+
+@pytest.mark.parametrize("errors", ["strict", "surrogateescape"])  # stdin's handler differs with the locale
+def test_a_line_that_is_not_utf8_is_rejected_and_the_chat_goes_on(tmp_path, errors):
+    """Issue 16: a Latin-1 line killed the chat (UnicodeDecodeError, or a TypeError in the tokenizer)."""
+    typed = io.TextIOWrapper(io.BytesIO(b"hello\ncaf\xe9 au lait\n/forget \xff\nbye now\n"), encoding="utf-8",
+                             errors=errors)
+    out = io.StringIO()
+    with stub_session(tmp_path) as s:
+        assert chat.repl(s, typed, out) == 0
+        assert [f.text for f in s.store.fragments("nina")] == ["hello", "bye now"]
+    lines = out.getvalue().splitlines()
+    assert lines[1:] == ["assistant: noted: hello",
+                         "error: input is not valid UTF-8 (byte 0xe9 at column 4); turn ignored",
+                         "error: input is not valid UTF-8 (byte 0xff at column 9); turn ignored",
+                         "assistant: noted: bye now", "bye"]
+
+
+class _UndecodableReads:
+    """A text stream (not an io.TextIOWrapper) whose reads raise UnicodeDecodeError where a line holds None."""
+
+    def __init__(self, lines: list[str | None]) -> None:
+        self.lines = lines
+
+    def readline(self) -> str:
+        if not self.lines:
+            return ""
+        line = self.lines.pop(0)
+        if line is None:
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+        return line
+
+
+def test_reads_that_fail_to_decode_are_skipped_and_a_stream_that_keeps_failing_ends_the_chat(tmp_path):
+    out = io.StringIO()
+    with stub_session(tmp_path) as s:
+        chat.repl(s, _UndecodableReads(["hi\n", None, "again\n"]), out)
+        assert out.getvalue().splitlines()[1:] == [
+            "assistant: noted: hi", "error: input is not valid UTF-8 (invalid start byte at byte 0); turn ignored",
+            "assistant: noted: again", "bye"]
+        out = io.StringIO()
+        chat.repl(s, _UndecodableReads([None] * 1000), out)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == chat.MAX_FAILED_READS + 3 and lines[-2:] == [
+        f"error: {chat.MAX_FAILED_READS} reads in a row failed to decode; leaving", "bye"]
+
+
+def test_two_chats_of_one_user_keep_every_turn(tmp_path):
+    """Issue 16: two chat processes of one user, started together, were both session 1, so their turns got the
+    same memory ids and the second chat's memories were dropped (10 + 10 turns left 10)."""
+    path, turns = str(tmp_path / "chat.sqlite"), 10
+    reports = store_workers.run_processes([(store_workers.chat_turns, (path, p, turns)) for p in range(2)])
+    assert sorted([reports["chat0"], reports["chat1"]]) == [1, 2]
+    with MemoryStore(path) as store:
+        frags = store.fragments(store_workers.CHAT_USER)
+    assert sorted(f.text for f in frags) == sorted(f"process {p} says {n}" for p in range(2) for n in range(turns))
+    for session in (reports["chat0"], reports["chat1"]):  # each process's turns, in order, in its own session
+        process = 0 if session == reports["chat0"] else 1
+        assert [f.text for f in frags if f.session == session] == [f"process {process} says {n}" for n in range(turns)]
+        assert [f.turn for f in frags if f.session == session] == list(range(0, 2 * turns, 2))
+
+
+def test_a_session_is_allocated_by_the_store(tmp_path):
+    """The session number comes from the store's record, not from stored memories: a session that saved nothing,
+    or whose memories were all forgotten, is not handed out again."""
+    with stub_session(tmp_path, "olga") as first:
+        assert first.session == 1
+        first.send("one")
+        first.command(f"/forget {first.last_receipt.fragment.fragment_id}")
+    with stub_session(tmp_path, "olga") as second, stub_session(tmp_path, "olga") as third:
+        assert (second.session, third.session) == (2, 3) and second.store.count("olga") == 0

@@ -54,7 +54,7 @@ def test_evaluation_writes_recomputable_results_and_reruns_from_its_cache(warmed
     assert pt["r"] is None or -1 <= pt["r"] <= 1
     assert len(content["efficiency"]["storage_tokens_per_session"]) == len(episodes[0].sessions) - 1
     # the judge's five dimensions, one verdict per target (the offline judge: an oracle reading the labels)
-    assert gen["judge"] == {"judged": len(rows), "failures": 0} and "oracle" in content["setting"]["judge"]
+    assert gen["judge"] == {"judged": len(rows), "failures": 0, "backend_failures": 0} and "oracle" in content["setting"]["judge"]
     for dim in ("Engagingness", "Humanness", "Coherence", "Consistency", "Memorability"):
         want = 100 * sum(r["judge"][dim.lower()] for r in rows) / len(rows)
         assert gen[dim] == pytest.approx(want) and 0 <= gen[dim] <= 100
@@ -170,7 +170,6 @@ def test_through_gemini_on_loopback_a_crash_and_rerun_ask_no_request_twice(warme
     import ml_collections
 
     from icml_jax.evaluation.cache import ResponseCache
-    from icml_jax.llm.types import BackendError
     from tests.llm.conftest import TEST_KEY, FakeGemini, _handler, ok, status
 
     config, workdir = warmed
@@ -200,7 +199,9 @@ def test_through_gemini_on_loopback_a_crash_and_rerun_ask_no_request_twice(warme
                      max_concurrency=4)
         config.llm.generator = ml_collections.ConfigDict(block)
         config.llm.judge = ml_collections.ConfigDict(block)
-        with pytest.raises(BackendError, match="simulated outage"):
+        # the outage lands in the judging: each failed verdict is counted, and past eval.max_failed_fraction the
+        # evaluation stops with one message (replies and answered verdicts stay cached)
+        with pytest.raises(ev.EvaluationError, match=r"judge requests failed after all retries .*simulated outage"):
             ev.evaluate_workdir(config, work)
         assert answered[0] == 25
         limit[0] = None
@@ -214,7 +215,7 @@ def test_through_gemini_on_loopback_a_crash_and_rerun_ask_no_request_twice(warme
     finally:
         cache.close()
     assert content["setting"]["backend_requests"]["sent"] == answered[0] - 25
-    assert content["generation"]["judge"] == {"judged": content["targets"], "failures": 0}
+    assert content["generation"]["judge"] == {"judged": content["targets"], "failures": 0, "backend_failures": 0}
     assert content["setting"]["llm_usage"]["judge"]["calls"] == content["targets"]
     assert content["generation"]["Humanness"] == pytest.approx(100.0)  # (5 - 1) / 4, the server's verdict
 
@@ -310,3 +311,57 @@ def test_auto_selection_takes_theanines_ids_for_msc_and_cc_where_they_are():
         assert ev.eval_selection(config) == ("theanine" if dataset != "gapchat" and has_ids else "seeded")
         config.eval.selection = "seeded"
         assert ev.eval_selection(config) == "seeded"
+
+
+def test_a_few_failed_back_end_requests_are_tolerated_past_the_fraction_the_evaluation_stops(tmp_path):
+    """Judge requests (or episodes) that failed for good are recorded (left out of the means, counted in
+    results.json); past eval.max_failed_fraction the evaluation stops with one message saying where the answers
+    are kept."""
+    failure = "back end: gemini back end failed after 9 attempt(s) of 9: HTTP 429"
+    config = tiny_demo()
+    ev._check_failures(config, "judge requests", [{"judge_failure": failure}] * 2, 20, tmp_path / "c.sqlite",
+                       "judge_failure")  # 10%: tolerated
+    with pytest.raises(ev.EvaluationError, match=r"3 of 20 judge requests failed after all retries \(15.0% > "
+                                                 r"eval.max_failed_fraction=0.1\); first: back end: .*HTTP 429.* "
+                                                 r"cached in .*c.sqlite: rerun"):
+        ev._check_failures(config, "judge requests", [{"judge_failure": failure}] * 3, 20, tmp_path / "c.sqlite",
+                           "judge_failure")
+    config.eval.max_failed_fraction = 0.5
+    ev._check_failures(config, "judge requests", [{"judge_failure": failure}] * 3, 20, tmp_path / "c.sqlite",
+                       "judge_failure")
+
+
+def test_an_episode_whose_back_end_request_fails_for_good_is_skipped_and_recorded(warmed, tmp_path):
+    """The generator fails for good on one episode's requests (here: every request of the second episode):
+    that episode is skipped and listed in results.json with its error, the others are evaluated; with more
+    failures than eval.max_failed_fraction the evaluation stops."""
+    import shutil
+
+    from icml_jax.llm.offline import OfflineBackend
+    from icml_jax.llm.types import BackendError
+
+    config, workdir = warmed
+    episodes = ev.eval_episodes(config)
+    doomed = episodes[1].episode_id
+    real = OfflineBackend.generate
+
+    def flaky(self, requests):
+        if any(doomed in str(r.metadata) or doomed in r.prompt for r in requests):
+            raise BackendError("offline", 9, 9, f"HTTP 503 for {doomed}", True)
+        return real(self, requests)
+
+    work = tmp_path / "run"
+    shutil.copytree(workdir, work, ignore=shutil.ignore_patterns(ev.EVAL_DIR))
+    config = config.copy_and_resolve_references()
+    config.eval.max_failed_fraction = 0.5
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(OfflineBackend, "generate", flaky)
+        content = ev.evaluate_workdir(config, work)
+        assert content["setting"]["failed_episodes"] == [{"episode_id": doomed, "error": f"offline back end: "
+                                                          "request failed after 9 attempt(s) of 9 (retries "
+                                                          f"exhausted); last error: HTTP 503 for {doomed}"}]
+        assert content["episodes"] == len(episodes) - 1
+        config.eval.max_failed_fraction = 0.0
+        shutil.rmtree(work / ev.EVAL_DIR)
+        with pytest.raises(ev.EvaluationError, match=r"1 of \d+ episodes \(a reply or memory request\) failed"):
+            ev.evaluate_workdir(config, work)

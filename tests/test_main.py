@@ -60,6 +60,13 @@ def test_demo_runs_end_to_end(tmp_path, monkeypatch):
     final = [r for r in rows if r.get("final")]
     assert {r["stage"] for r in final} == {"warmup", "online"}
     assert summary["online"]["updates"] == 4
+    # issue 16: the synthesis row's token count was always null; back-end retries and failures are logged too
+    (syn,) = [r for r in rows if r["stage"] == "synthesize"]
+    assert syn["llm/total_tokens"] > 0 and syn["llm/attempts"] >= syn["llm/calls"] > 0
+    assert syn["llm/retries"] == syn["llm/failures"] == syn["failed_requests"] == 0
+    assert all(r["llm/failures"] == 0 and r["llm/attempts"] > 0 for r in online)
+    assert summary["online"]["skipped_steps"] == summary["online"]["rollbacks"] == 0
+    assert summary["warmup"]["skipped_steps"] == summary["warmup"]["rollbacks"] == 0
     assert (tmp_path / "warmup" / "warmup.json").is_file() and (tmp_path / "synthesis" / "manifest.json").is_file()
     # the per-session table: held-out before/after and online rows for each of the world's sessions
     table = [r for r in rows if r.get("table") == "sessions"]
@@ -120,6 +127,16 @@ def _bad(**changes) -> ml_collections.ConfigDict:
     (dict(parallel__mesh__tensor=jax.device_count() + 1), "config.parallel.mesh: mesh spec"),
     (dict(rl__ppo__clip_eps=-1.0), "config.rl: PPOConfig.clip_eps must be > 0"),
     (dict(synthesis__num_seeds=0), "config.synthesis: SynthesisConfig.num_seeds must be a positive int"),
+    # issue 16: each of these used to pass validation and fail (or not) once a stage ran
+    (dict(llm__judge=ml_collections.ConfigDict(dict(kind="offline", mdoel="gemini-2.5-pro"))),
+     "config.llm.judge: unknown config key(s) ['mdoel'] for the 'offline' back end"),
+    (dict(llm__judge=ml_collections.ConfigDict(dict(kind="gemini", model="m", timeout_s=-1.0))),
+     "config.llm.judge: GeminiConfig.timeout_s must be > 0"),
+    (dict(learner__reply_temperature=-1.0), "AgentConfig.reply_temperature must be a number in [0, 2]"),
+    (dict(observation__max_candidates=2), "config.observation.max_candidates=2 is smaller than the memories a "
+                                          "synthesized Trigger example shows (1 + synthesis.hard_negatives=1"),
+    (dict(learner__divergence__action="ignore"), "config.learner: DivergenceConfig.action must be one of"),
+    (dict(warmup__divergence__max_update_ratio=-1.0), "config.warmup: DivergenceConfig.max_update_ratio"),
 ])
 def test_config_errors_come_before_any_stage(tmp_path, monkeypatch, changes, message):
     for name in ("GEMINI_API_KEY", "GOOGLE_API_KEY"):
@@ -131,6 +148,28 @@ def test_config_errors_come_before_any_stage(tmp_path, monkeypatch, changes, mes
         job.run(_bad(**changes), workdir)
     assert message in str(err.value)
     assert not called and not workdir.exists()
+
+
+def test_a_back_end_kind_switch_works_and_every_gemini_knob_is_settable(tmp_path, monkeypatch, caplog):
+    """Issue 16: `--config.llm.judge.kind=offline` on a config with Gemini blocks failed once synthesis started
+    ("offline back end takes no options"); timeout_s / max_attempts / base_url were not keys of the block."""
+    from icml_jax.llm.offline import OfflineBackend
+    from icml_jax.llm.registry import make_backend
+
+    for name in ("GEMINI_API_KEY", "GOOGLE_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    gc = load_config("gc")
+    for key, value in (("timeout_s", 10.0), ("max_attempts", 3), ("base_url", "http://127.0.0.1:1")):
+        gc.llm.generator[key] = value  # a locked ConfigDict accepts only existing keys (as the command line)
+    config = tiny_demo()
+    config.mode = ("synthesize",)
+    config.llm.generator, config.llm.judge = gc.llm.generator, gc.llm.judge
+    with pytest.raises(job.ConfigError, match="or try it without a key: --config.llm.generator.kind=offline"):
+        job.validate(config, tmp_path / "work")
+    config.llm.generator.kind = config.llm.judge.kind = "offline"
+    job.validate(config, tmp_path / "work")
+    assert isinstance(make_backend(config.llm.generator), OfflineBackend)
+    assert "kind 'offline' ignores the other back ends' option(s)" in caplog.text and "timeout_s" in caplog.text
 
 
 def test_synthesizer_block_writes_the_expert_data(tmp_path, monkeypatch):
@@ -189,6 +228,38 @@ def test_cli_overrides(tmp_path):
     assert bad.returncode == 2
     assert "config error: config.model.path='/nonexistent/ckpt'" in bad.stderr
     assert "stages:" not in bad.stderr
+
+    # a key the config lacks: one line naming the flag (it was a 55-line traceback); --debug shows the traceback
+    typo = _cli("--config.learner.update_evry=2", tmp_path=tmp_path)
+    assert typo.returncode == 2 and typo.stderr.strip().splitlines() == [typo.stderr.strip()], typo.stderr
+    assert typo.stderr.startswith("config error: --config.learner.update_evry: no such key"), typo.stderr
+    debug = _cli("--config.learner.update_evry=2", "--debug", tmp_path=tmp_path)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+def test_a_user_error_inside_a_stage_ends_in_one_line_and_status_2(tmp_path, monkeypatch, capsys):
+    """A stage failing on something the user controls (here a diverged warm-up) prints one line naming the stage,
+    the workdir and the cause, exit status 2; a bug keeps its traceback."""
+    from icml_jax.rl.divergence import DivergenceError
+
+    def diverge(run):
+        raise DivergenceError("warm-up diverged at step 3: the update's norm 1e+30 is ...")
+
+    monkeypatch.setattr(job, "STAGE_FNS", {**job.STAGE_FNS, "synthesize": diverge})
+    monkeypatch.setattr(job, "_CONFIG", type("Flag", (), {"value": tiny_demo()})())
+    monkeypatch.setattr(job, "_WORKDIR", type("Flag", (), {"value": str(tmp_path / "work")})())
+    monkeypatch.setattr(job, "_DEBUG", type("Flag", (), {"value": False})())
+    monkeypatch.setattr(job, "quiet_info_logs", lambda: None)
+    with pytest.raises(SystemExit) as done:
+        job.main(["main"])
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("stages:")]
+    assert done.value.code == 2 and len(err) == 1, err  # the progress bar aside
+    assert err[0].startswith("run error: stage 'synthesize' failed (workdir ") and "step 3" in err[0]
+
+    monkeypatch.setattr(job, "STAGE_FNS", {**job.STAGE_FNS, "synthesize": lambda run: 1 / 0})
+    with pytest.raises(RuntimeError, match="ZeroDivisionError") as bug:  # a bug is not a user error
+        job.main(["main"])
+    assert job.user_error(bug.value) is None
 
 
 def test_dataset_configs_load_with_gemini_back_ends():

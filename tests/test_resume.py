@@ -1,5 +1,6 @@
 """Kill-and-resume: a run SIGKILLed at random points (in warm-up, in online learning, and while an online
-checkpoint is being written) and restarted in the same workdir ends bitwise equal to an uninterrupted run."""
+checkpoint is being written), whose newest checkpoint is then damaged, and restarted in the same workdir ends
+bitwise equal to an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -139,8 +140,13 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     assert f"'{step}.orbax-checkpoint-tmp'" in line, line  # the kill landed mid-write
     with RunCheckpointer(killed / job.CHECKPOINT_DIR) as ckpt:  # the half-written step is not a checkpoint
         assert step not in ckpt.all_steps() and ckpt.latest_step() < step, (note, ckpt.all_steps(), step)
+        kept = ckpt.all_steps()
+    # damage 4: the newest complete checkpoint rots (its JSON state cut short); resume falls back to the one before
+    assert len(kept) == 2, (note, kept)
+    (killed / job.CHECKPOINT_DIR / str(kept[-1]) / "state" / "metadata").write_text('{"truncated": ')
     out = _finish(_start(killed), killed)
-    assert "resuming" in out, out
+    assert "resuming" in out and f"(online checkpoint step {kept[0]})" in out, out
+    assert f"warning: checkpoint step {kept[-1]} does not restore (JSONDecodeError" in out, out
 
     _finish(ref, reference)
     ref_rows, got_rows = _rows(reference), _rows(killed)

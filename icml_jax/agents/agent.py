@@ -100,6 +100,13 @@ class AgentConfig:
     trigger_rule: str = "policy"  # policy | lexical (the BM25-best memory when any word overlaps, else none)
 
     def __post_init__(self) -> None:
+        t = self.reply_temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t <= 2.0:
+            raise ValueError(f"AgentConfig.reply_temperature must be a number in [0, 2] (Gemini's range), got {t!r}")
+        for name in ("reply_max_tokens", "note_max_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"AgentConfig.{name} must be a positive int, got {v!r}")
         if self.planner_rule not in PLANNER_RULES or self.trigger_rule not in TRIGGER_RULES:
             raise ValueError(f"AgentConfig: planner_rule {self.planner_rule!r} not in {PLANNER_RULES} or "
                              f"trigger_rule {self.trigger_rule!r} not in {TRIGGER_RULES}")
@@ -108,6 +115,18 @@ class AgentConfig:
 PLANNER_RULES = ("policy", "save_all")
 TRIGGER_RULES = ("policy", "lexical")
 _NO_TOKENS = np.zeros((0,), np.int32)
+
+
+class PolicyStateError(RuntimeError):
+    """The policy produced non-finite probabilities: its parameters hold NaN or inf (a diverged training)."""
+
+
+def _check_probs(probs: np.ndarray, where: str) -> None:
+    """Raises PolicyStateError naming the decision when `probs` are not finite (a sample from them is garbage)."""
+    if not np.all(np.isfinite(probs)):
+        raise PolicyStateError(f"{where}: the policy's probabilities are not finite ({probs.tolist()[:4]}...): its "
+                               "parameters hold NaN or inf, e.g. after a diverged warm-up or update; retrain with "
+                               "a lower learning rate (config.divergence stops a diverging stage early)")
 
 
 class MemoryAgent:
@@ -156,6 +175,7 @@ class MemoryAgent:
         action, stats = trigger_act(graphdef, state, t_tokens, t_mask, t_cand, self._next_key(), greedy=cfg.greedy)
         a = int(action[0])
         probs = np.asarray(stats.probs[0])
+        _check_probs(probs[: len(options)], f"Trigger decision {base}")
         trigger = TriggerDecision(
             decision_id=base + "/trigger", candidate_ids=tuple(f.fragment_id for f in candidates), action=a,
             prob=float(probs[a]), logp=float(stats.logp[0]), entropy=float(stats.entropy[0]),
@@ -239,6 +259,7 @@ class MemoryAgent:
             p_text = obs.planner_text(history, utterance, cfg.observation, shown)
             p_tokens, p_mask = obs.encode_planner(self.tokenizer, [p_text], cfg.observation)
             save, pstats = planner_act(graphdef, state, p_tokens, p_mask, self._next_key(), greedy=cfg.greedy)
+            _check_probs(np.asarray(pstats.probs[:1]), f"Planner decision {base}")
             planner = PlannerDecision(
                 decision_id=base + "/planner", save=bool(save[0]), prob_save=float(pstats.probs[0]),
                 logp=float(pstats.logp[0]), entropy=float(pstats.entropy[0]), value=float(pstats.value[0]),

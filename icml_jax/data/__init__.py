@@ -34,7 +34,16 @@ from icml_jax.data.protocol import (
     target_context,
     theanine_selection,
 )
-from icml_jax.data.report import MalformedRecordError, MissingSourceFileError, ParseReport
+from icml_jax.data.report import (
+    DataError,
+    MalformedFileError,
+    MalformedRecordError,
+    MissingManualDirError,
+    MissingSourceFileError,
+    ParseReport,
+    SourceDataError,
+    UnknownDatasetError,
+)
 from icml_jax.data.schema import Episode, SchemaError, Session, Turn, TurnRef
 from icml_jax.data.sources import parse_cc, parse_gapchat, parse_msc_cc_style, parse_msc_parlai
 from icml_jax.data.stream import (
@@ -60,10 +69,13 @@ __all__ = [
     "EVAL_SEED",
     "NUM_EVAL_EPISODES",
     "CcEpisodes",
+    "DataError",
     "Episode",
     "EpisodeStream",
     "GapchatEpisodes",
+    "MalformedFileError",
     "MalformedRecordError",
+    "MissingManualDirError",
     "MissingSourceFileError",
     "MscEpisodes",
     "ParseReport",
@@ -72,9 +84,11 @@ __all__ = [
     "SchemaError",
     "Session",
     "ShardSpec",
+    "SourceDataError",
     "Target",
     "Turn",
     "TurnRef",
+    "UnknownDatasetError",
     "build",
     "check_data_config",
     "compare_with_theanine_prefixes",

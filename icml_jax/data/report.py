@@ -2,7 +2,11 @@
 
 Nothing is dropped silently: a parser either raises ``MalformedRecordError`` (default) or, with
 ``skip_malformed=True``, skips the record and counts it here; expected clean-ups (GapChat header glitches,
-empty sessions) are always counted.
+empty sessions) are always counted. A problem no skip can get past (a file that is not UTF-8 or not JSON at
+all) raises ``MalformedFileError`` whatever ``skip_malformed`` says.
+
+Every error a user's files or arguments can cause here derives from ``DataError`` (and from ValueError or
+FileNotFoundError), so a command line can catch exactly those and print one line instead of a traceback.
 """
 
 from __future__ import annotations
@@ -12,28 +16,65 @@ from typing import Any
 
 from absl import logging
 
+SKIP_HINT = "pass skip_malformed=True to skip and count it"
 
-class MissingSourceFileError(FileNotFoundError):
+
+class DataError(Exception):
+    """Base of the errors a user's data files or arguments cause in ``icml_jax.data``; each message is one line."""
+
+
+class MissingSourceFileError(DataError, FileNotFoundError):
     """A raw dataset file is not in the manual directory; the message says what to get, from where, to where."""
 
     def __init__(self, path: str, *, dataset: str, what: str, where_from: str):
         self.path = str(path)
         super().__init__(
-            f"{dataset}: missing file {self.path}\n"
-            f"  get: {what}\n"
-            f"  from: {where_from}\n"
-            f"  put it at: {self.path}"
+            f"{dataset}: missing file {self.path}; get: {what}; from: {where_from}; put it at: {self.path}"
         )
 
 
-class MalformedRecordError(ValueError):
-    """A record of a raw dataset file cannot be read; the message names the file and the line or index."""
+class MissingManualDirError(MissingSourceFileError):
+    """The manual directory itself is not there (or is not a folder); the message says what belongs in it."""
+
+    def __init__(self, path: str, *, dataset: str, instructions: str):
+        self.path = str(path)
+        FileNotFoundError.__init__(
+            self, f"{dataset}: manual_dir {self.path} is not a folder; {' '.join(instructions.split())}"
+        )
+
+
+class UnknownDatasetError(DataError, ValueError):
+    """A dataset name that no builder here provides; the message lists the names that exist."""
+
+
+class SourceDataError(DataError, ValueError):
+    """A raw dataset file holds something a parser cannot use; names the file, where in it, and why."""
 
     def __init__(self, path: str, location: str, reason: str):
         self.path = str(path)
         self.location = location
         self.reason = reason
-        super().__init__(f"{self.path}, {location}: {reason} (pass skip_malformed=True to skip and count)")
+        super().__init__(self.describe())
+
+    def describe(self, skip_hint: str | None = SKIP_HINT) -> str:
+        """The one-line message; ``skip_hint`` (how to skip, in the caller's spelling) is used where skipping helps."""
+        return f"{self.path}, {self.location}: {self.reason}"
+
+
+class MalformedFileError(SourceDataError):
+    """A whole raw file is unusable (not UTF-8, not JSON, wrong top level): there is no record to skip."""
+
+
+class MalformedRecordError(SourceDataError):
+    """A record of a raw dataset file cannot be read; the message names the file and the line or index.
+
+    Raised only where ``skip_malformed`` was off, so the message says how to skip and count it instead.
+    """
+
+    def describe(self, skip_hint: str | None = SKIP_HINT) -> str:
+        """The one-line message, ending with ``skip_hint`` (e.g. the command line's flag) when one is given."""
+        base = super().describe()
+        return f"{base} ({skip_hint})" if skip_hint else base
 
 
 @dataclasses.dataclass

@@ -12,12 +12,14 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from icml_jax.data.report import DataError
+
 SCHEMA_VERSION = 1
 
 JsonDict = dict[str, Any]
 
 
-class SchemaError(ValueError):
+class SchemaError(DataError, ValueError):
     """A plain dict does not describe a valid Episode/Session/Turn (says which field and why)."""
 
 

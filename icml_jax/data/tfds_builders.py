@@ -29,7 +29,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
-from icml_jax.data.report import ParseReport
+from icml_jax.data.report import MissingManualDirError, ParseReport, UnknownDatasetError
 from icml_jax.data.schema import Episode
 from icml_jax.data.sources import cc, gapchat, msc
 
@@ -275,11 +275,30 @@ def build(
 ) -> _EpisodeBuilder:
     """Builds ``name`` ("gapchat_episodes/sample", ...) from ``manual_dir`` into ``data_dir``; returns the builder.
 
-    The builder's ``reports`` holds each split's ParseReport (also saved in dataset_info.json metadata).
+    The builder's ``reports`` holds each split's ParseReport (also saved in dataset_info.json metadata). A name
+    no builder provides (UnknownDatasetError) or a ``manual_dir`` that is not a folder (MissingManualDirError)
+    fails before anything is written; so does a missing raw file (MissingSourceFileError).
     """
+    cls = builder_class(name)
+    if not os.path.isdir(manual_dir):
+        raise MissingManualDirError(os.fspath(manual_dir), dataset=name, instructions=cls.MANUAL_DOWNLOAD_INSTRUCTIONS)
     builder = tfds.builder(name, data_dir=os.fspath(data_dir), file_format=FILE_FORMAT, skip_malformed=skip_malformed)
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=os.fspath(manual_dir)))
     return builder
+
+
+def dataset_names() -> list[str]:
+    """Every "builder/config" name these builders provide, e.g. "gapchat_episodes/protocol"."""
+    return [f"{cls.name}/{c.name}" for cls in BUILDERS.values() for c in cls.BUILDER_CONFIGS]
+
+
+def builder_class(name: str) -> type[_EpisodeBuilder]:
+    """The builder class of "builder[/config][:version]"; UnknownDatasetError lists the valid names otherwise."""
+    builder, _, config = name.partition(":")[0].partition("/")
+    for cls in BUILDERS.values():
+        if cls.name == builder and (not config or config in {c.name for c in cls.BUILDER_CONFIGS}):
+            return cls
+    raise UnknownDatasetError(f"unknown dataset {name!r}; choose one of {', '.join(dataset_names())}")
 
 
 def data_source(name: str, split: str, *, data_dir: str | os.PathLike[str]) -> Any:
@@ -300,7 +319,9 @@ __all__ = [
     "GapchatEpisodes",
     "MscEpisodes",
     "build",
+    "builder_class",
     "data_source",
+    "dataset_names",
     "episode_features",
     "episode_from_record",
     "read_episodes",

@@ -244,9 +244,25 @@ def _receipt(session: int, turn: int, choice: MemoryChoice, saved: bool | None) 
 
 
 def play(agent: EvalAgent, episodes: Iterable[Episode], *, user_speaker: str | None,
-         count_tokens: Callable[[str], int], progress: Callable[[Iterable], Iterable] = iter) -> list[EpisodeResult]:
-    """`play_episode` over `episodes`, in order (`progress` wraps the iteration, e.g. a tqdm bar)."""
-    return [play_episode(agent, e, user_speaker=user_speaker, count_tokens=count_tokens) for e in progress(episodes)]
+         count_tokens: Callable[[str], int], progress: Callable[[Iterable], Iterable] = iter,
+         failures: list[dict[str, str]] | None = None) -> list[EpisodeResult]:
+    """`play_episode` over `episodes`, in order (`progress` wraps the iteration, e.g. a tqdm bar).
+
+    With a `failures` list, an episode during which a back-end request fails for good (BackendError: retries
+    exhausted) is skipped and recorded there ({"episode_id", "error"}) instead of ending the evaluation; the
+    requests answered before the failure stay in the answer cache, so a rerun asks only for the rest.
+    """
+    from icml_jax.llm.types import BackendError
+
+    out = []
+    for episode in progress(episodes):
+        try:
+            out.append(play_episode(agent, episode, user_speaker=user_speaker, count_tokens=count_tokens))
+        except BackendError as exc:
+            if failures is None:
+                raise
+            failures.append({"episode_id": episode.episode_id, "error": str(exc)})
+    return out
 
 
 __all__ = ["AgentReply", "EpisodeResult", "EvalAgent", "LearningAgent", "MemoryChoice", "PolicyAgent",

@@ -60,7 +60,9 @@ def summarize(results: Sequence[EpisodeResult],
     if any("judge" in r for r in rows):  # mean normalized score per dimension over the valid verdicts, percent
         for dim in JUDGE_DIMENSIONS:
             generation[dim.capitalize()] = 100.0 * float(np.mean([j[dim] for j in judged])) if judged else None
-        generation["judge"] = {"judged": len(judged), "failures": sum(1 for r in rows if r.get("judge_failure"))}
+        generation["judge"] = {"judged": len(judged), "failures": sum(1 for r in rows if r.get("judge_failure")),
+                               "backend_failures": sum(1 for r in rows  # requests that failed for good
+                                                       if str(r.get("judge_failure") or "").startswith("back end:"))}
     n_sessions = max(len(e.counts) for e in results)
     per_session = []
     for s in range(n_sessions):

@@ -225,7 +225,7 @@ def judges(ctx: Context) -> Report:
     from scipy.stats import pearsonr, spearmanr
 
     from icml_jax.evaluate import EVAL_DIR, eval_episodes
-    from icml_jax.evaluation.cache import CachedBackend, ResponseCache
+    from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
     from icml_jax.evaluation.judging import judge_targets
     from icml_jax.evaluation.report import TARGETS_JSONL
     from icml_jax.llm.judges import QualityJudge
@@ -247,7 +247,7 @@ def judges(ctx: Context) -> Report:
         try:
             for spec in specs:
                 block = _judge_block(ctx, spec)
-                backend = CachedBackend(make_backend(ml_collections.ConfigDict(block)), cache, block)
+                backend = CachedBackend(make_backend(ml_collections.ConfigDict(block)), cache, answer_namespace(block))
                 try:
                     for system in systems:
                         name = "ours" if system == "ours" else f"baseline_{system}"

@@ -1,8 +1,10 @@
-"""Gemini back end over the `google-genai` client: bounded concurrency, per-request timeout, own retries.
+"""Gemini back end over the `google-genai` client: bounded concurrency, per-attempt timeouts, own retries.
 
 The SDK's own retries are off (no `retry_options`), so every attempt is counted and logged here, with
 exponential backoff and jitter on 408 / 429 / 5xx, timeouts, transport errors and malformed response bodies.
-The API key is read from the environment at construction and never appears in repr, logs or errors.
+`generate` raises the first request that fails for good; `generate_each` hands every request's outcome back
+(answer or BackendError) so batch callers can skip failures. The API key is read from the environment at
+construction and never appears in repr, logs or errors.
 """
 
 from __future__ import annotations
@@ -30,14 +32,28 @@ _REDACTED = "<redacted>"
 
 @dataclasses.dataclass(frozen=True)
 class GeminiConfig:
-    """Knobs of the Gemini back end; `model` comes from the run config, the key only from the environment."""
+    """Knobs of the Gemini back end; `model` comes from the run config, the key only from the environment.
+
+    Retries: `max_attempts` tries with exponential backoff (initial_backoff_s x backoff_multiplier^k, capped at
+    max_backoff_s, scaled by a uniform factor in [1 - jitter, 1 + jitter]); a server's Retry-After / RetryInfo
+    is a floor (up to max_backoff_s). The defaults keep a request trying for at least 91.5 s (at most 214.5 s)
+    of backoff, so a minute-long quota burst (429s) costs retries, not the request.
+
+    Timeouts: one attempt waits `attempt_timeout_s(max_output_tokens)` = timeout_floor_s + max_output_tokens /
+    timeout_tokens_per_s, never more than timeout_s, and twice as long after each timed-out attempt of the same
+    request. A stalled connection on a short request (a 128-token note: ~15 s; a 512-token judge answer: ~30 s)
+    is given up long before timeout_s, while a server that is slow but alive gets up to timeout_s on later
+    attempts. timeout_tokens_per_s=None: every attempt waits timeout_s.
+    """
 
     model: str = "gemini-2.5-flash"
     base_url: str | None = None  # None = Google's endpoint; tests point it at a loopback server
     api_version: str | None = None  # None = the SDK's default
-    timeout_s: float = 60.0  # per request (per HTTP attempt)
+    timeout_s: float = 60.0  # the longest an HTTP attempt may take
+    timeout_floor_s: float = 10.0  # connection, prompt processing and first token of any attempt
+    timeout_tokens_per_s: float | None = 25.0  # slowest output rate waited for (thoughts included); None: timeout_s
     max_concurrency: int = 8
-    max_attempts: int = 5
+    max_attempts: int = 9
     initial_backoff_s: float = 1.0
     max_backoff_s: float = 60.0
     backoff_multiplier: float = 2.0
@@ -57,11 +73,19 @@ class GeminiConfig:
             raise ValueError(f"GeminiConfig.max_concurrency must be >= 1, got {self.max_concurrency}")
         if self.timeout_s <= 0:
             raise ValueError(f"GeminiConfig.timeout_s must be > 0, got {self.timeout_s}")
+        if self.timeout_floor_s <= 0:
+            raise ValueError(f"GeminiConfig.timeout_floor_s must be > 0, got {self.timeout_floor_s}")
+        if self.timeout_tokens_per_s is not None and self.timeout_tokens_per_s <= 0:
+            raise ValueError(f"GeminiConfig.timeout_tokens_per_s must be > 0 or None, got {self.timeout_tokens_per_s}")
         if self.structured_output not in ("json_schema", "response_schema", "mime_only"):
             raise ValueError(
                 "GeminiConfig.structured_output must be 'json_schema', 'response_schema' or 'mime_only', "
                 f"got {self.structured_output!r}"
             )
+        try:
+            self.retry_policy  # noqa: B018 - the retry knobs are checked where they are used
+        except ValueError as exc:
+            raise ValueError(f"GeminiConfig: {exc}") from None
 
     @property
     def retry_policy(self) -> RetryPolicy:
@@ -73,6 +97,14 @@ class GeminiConfig:
             multiplier=self.backoff_multiplier,
             jitter=self.jitter,
         )
+
+    def attempt_timeout_s(self, max_output_tokens: int, timeouts: int = 0) -> float:
+        """The HTTP timeout of one attempt of a request allowed `max_output_tokens`, after `timeouts` timed-out
+        attempts of it (see the class docstring)."""
+        if self.timeout_tokens_per_s is None:
+            return self.timeout_s
+        sized = self.timeout_floor_s + max(0, max_output_tokens) / self.timeout_tokens_per_s
+        return min(self.timeout_s, sized * 2.0 ** timeouts)
 
 
 def read_api_key(env_names: Sequence[str]) -> str:
@@ -129,6 +161,7 @@ class GeminiBackend:
     """LLM back end calling Gemini's `models/{model}:generateContent` through `google-genai`."""
 
     name = "gemini"
+    remote = True  # every request is its own HTTP call: sending them one at a time loses no batching
 
     def __init__(
         self,
@@ -211,6 +244,21 @@ class GeminiBackend:
             raise first_error
         return [f.result() for f in futures]
 
+    def generate_each(self, requests: Sequence[LLMRequest]) -> list[LLMResponse | BackendError]:
+        """Answer `requests` concurrently, in order, each to its end: a request that fails for good comes back as
+        its BackendError in its place and cancels nothing. Other exceptions (bugs) are raised."""
+        if self._closed:
+            raise RuntimeError("gemini back end: generate_each() called after close()")
+        futures = [self._pool.submit(self._generate_one, r) for r in requests]
+        cf.wait(futures)
+        out: list[LLMResponse | BackendError] = []
+        for fut in futures:
+            err = fut.exception()
+            if err is not None and not isinstance(err, BackendError):
+                raise err
+            out.append(err if err is not None else fut.result())
+        return out
+
     # -- one request -------------------------------------------------------------------------------
 
     def _scrub(self, text: str) -> str:
@@ -237,16 +285,25 @@ class GeminiBackend:
             kwargs["thinking_config"] = t.ThinkingConfig(thinking_budget=self.config.thinking_budget)
         return t.GenerateContentConfig(**kwargs)
 
-    def _classify(self, exc: BaseException) -> tuple[bool, str]:
-        """(retryable, short description) of an exception raised by one attempt."""
+    def _with_timeout(self, config: Any, timeout_s: float) -> Any:
+        """`config` carrying a per-request HTTP timeout (the SDK patches it over the client's options)."""
+        ms = max(1, int(round(timeout_s * 1000)))
+        return config.model_copy(update={"http_options": self._types.HttpOptions(timeout=ms)})
+
+    @staticmethod
+    def _is_timeout(exc: BaseException) -> bool:
+        """Whether an attempt's exception is a client-side timeout."""
+        return isinstance(exc, TimeoutError) or "timeout" in type(exc).__name__.lower()
+
+    def _classify(self, exc: BaseException, timeout_s: float) -> tuple[bool, str]:
+        """(retryable, short description) of an exception raised by an attempt that had `timeout_s`."""
         if isinstance(exc, self._errors.APIError):
             code = int(exc.code or 0)
             desc = f"HTTP {code} {exc.status or ''}: {exc.message or ''}".strip()
             return (code in _RETRYABLE_STATUS or code >= 500), desc
         if isinstance(exc, _TRANSPORT_ERRORS):
-            timed_out = isinstance(exc, TimeoutError) or "timeout" in type(exc).__name__.lower()
-            kind = "timeout" if timed_out else "transport"
-            extra = f" after {self.config.timeout_s:g}s" if kind == "timeout" else ""
+            kind = "timeout" if self._is_timeout(exc) else "transport"
+            extra = f" after {timeout_s:g}s" if kind == "timeout" else ""
             return True, f"{kind} error{extra} ({type(exc).__name__}: {exc})"
         unknown = getattr(self._errors, "UnknownApiResponseError", None)
         if isinstance(exc, json.JSONDecodeError) or (unknown is not None and isinstance(exc, unknown)):
@@ -263,16 +320,19 @@ class GeminiBackend:
     def _generate_one(self, request: LLMRequest) -> LLMResponse:
         config = self._content_config(request)
         max_attempts = self._policy.max_attempts
+        timeouts = 0  # timed-out attempts so far: each one doubles the next attempt's timeout
         t0 = time.monotonic()
         for attempt in range(1, max_attempts + 1):
             self._meter.add(attempts=1, retries=1 if attempt > 1 else 0)
+            timeout_s = self.config.attempt_timeout_s(request.max_output_tokens, timeouts)
             try:
                 raw = self._client.models.generate_content(
-                    model=self.config.model, contents=request.prompt, config=config
+                    model=self.config.model, contents=request.prompt, config=self._with_timeout(config, timeout_s)
                 )
             except Exception as exc:  # classified below; nothing is swallowed
-                retryable, desc = self._classify(exc)
+                retryable, desc = self._classify(exc, timeout_s)
                 desc = self._scrub(desc)
+                timeouts += self._is_timeout(exc)
                 if not retryable or attempt == max_attempts:
                     self._meter.add(failures=1)
                     err = BackendError(

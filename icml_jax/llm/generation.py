@@ -1,4 +1,5 @@
-"""Generation through a back end: condensing a saved turn into a memory note, and writing the reply r*."""
+"""Generation through a back end: per-request outcomes for batch callers (`generate_each`), condensing a saved
+turn into a memory note, and writing the reply r*."""
 
 from __future__ import annotations
 
@@ -9,13 +10,48 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from icml_jax.llm import prompts
-from icml_jax.llm.types import LLMBackend, LLMResponse
+from icml_jax.llm.types import BackendError, LLMBackend, LLMRequest, LLMResponse
 
 logger = logging.getLogger(__name__)
 
 _MAX_NOTE_CHARS = 1000
 NOTE_MAX_TOKENS = 128  # default length cap of a memory note (two sentences need far fewer)
 _SENTENCE = re.compile(r"[^.!?]+[.!?]*")
+
+
+def _checked(backend: LLMBackend, requests: Sequence[LLMRequest], answers: Sequence[Any]) -> list[Any]:
+    """`answers` as a list, after checking that the back end answered each of `requests` once."""
+    if len(answers) != len(requests):
+        raise RuntimeError(f"{getattr(backend, 'name', '?')} back end answered {len(answers)} of {len(requests)} "
+                           "requests")
+    return list(answers)
+
+
+def generate_each(backend: LLMBackend, requests: Sequence[LLMRequest]) -> list[LLMResponse | BackendError]:
+    """Every request's outcome, in order: its answer, or the BackendError it failed with for good (retries
+    exhausted, not retryable), so a batch caller can count and skip a failure instead of losing the batch.
+
+    A back end with its own `generate_each` (Gemini, the response cache) runs each request to its end. Any
+    other (offline, local) gets the batch in one `generate` call; if that raises a BackendError, each request
+    is asked again on its own to find the failing ones. Other exceptions are bugs, not failures: they propagate.
+    """
+    if not requests:
+        return []
+    own = getattr(backend, "generate_each", None)
+    if callable(own):
+        return _checked(backend, requests, own(requests))
+    try:
+        return _checked(backend, requests, backend.generate(requests))
+    except BackendError as err:
+        if len(requests) == 1:
+            return [err]
+    out: list[LLMResponse | BackendError] = []
+    for request in requests:
+        try:
+            out.extend(_checked(backend, [request], backend.generate([request])))
+        except BackendError as err:
+            out.append(err)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,11 +65,13 @@ class CondenseInput:
 
 @dataclasses.dataclass(frozen=True)
 class Condensed:
-    """The memory note for a saved turn; `fallback` is True when the back end gave nothing usable."""
+    """The memory note for a saved turn; `fallback` is True when the back end gave nothing usable, `error` says
+    why when its request failed for good (only with `condense_turns(..., skip_failures=True)`)."""
 
     text: str
     fallback: bool
     response: LLMResponse
+    error: str | None = None
 
 
 def drop_repeated_sentences(text: str) -> str:
@@ -51,16 +89,25 @@ def drop_repeated_sentences(text: str) -> str:
 
 
 def condense_turns(backend: LLMBackend, items: Sequence[CondenseInput], *,
-                   max_output_tokens: int = NOTE_MAX_TOKENS) -> list[Condensed]:
+                   max_output_tokens: int = NOTE_MAX_TOKENS, skip_failures: bool = False) -> list[Condensed]:
     """Turn saved user turns into short third-person notes (the offline back end keeps the turn text).
 
     An empty answer (e.g. a blocked candidate) falls back to the turn text itself, with `fallback=True` and a
-    warning, so a save decision never produces an empty memory. Repeated sentences are dropped.
+    warning, so a save decision never produces an empty memory. Repeated sentences are dropped. A request that
+    fails for good raises its BackendError, or with `skip_failures` falls back to the turn text too, with
+    `error` set (batch jobs such as the synthesis count those instead of dying).
     """
     requests = [prompts.condense_request(x.turn_text, x.history, metadata=x.metadata,
                                          max_output_tokens=max_output_tokens) for x in items]
+    answers = generate_each(backend, requests) if skip_failures else backend.generate(requests)
     out: list[Condensed] = []
-    for item, resp in zip(items, backend.generate(requests), strict=True):
+    for item, resp in zip(items, answers, strict=True):
+        if isinstance(resp, BackendError):
+            logger.warning("condensation failed for good, keeping the turn text as the memory: %s", resp)
+            out.append(Condensed(text=item.turn_text.strip(), fallback=True,
+                                 response=LLMResponse(text="", attempts=resp.attempts, finish_reason="FAILED"),
+                                 error=str(resp)))
+            continue
         note = drop_repeated_sentences(resp.text)
         if not note:
             logger.warning(

@@ -2,8 +2,10 @@
 
 An answer that does not parse or validate is asked again once; if it still fails, the item is returned as a
 judge failure (score None, `failure` says why) and counted in the judge's stats. It never becomes a score and
-never raises. Back-end errors (retries exhausted, bad key) are not judge failures: they propagate as
-BackendError, so a broken back end stops the run loudly.
+never raises. Back-end errors (retries exhausted, bad key) are not judge failures: by default they propagate as
+BackendError, so a broken back end stops the run loudly; a judge made with `backend_failures="record"` (the
+evaluation's) records such an item as a failure too (`failure` starts with "back end:"), counted apart, so one
+unlucky request does not lose a whole evaluation (the caller decides how many it tolerates).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from icml_jax.llm import prompts
-from icml_jax.llm.types import LLMBackend, LLMRequest, LLMResponse
+from icml_jax.llm.generation import generate_each
+from icml_jax.llm.types import BackendError, LLMBackend, LLMRequest, LLMResponse
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +49,8 @@ class JudgeStats:
 
     items: int = 0
     reasks: int = 0
-    failures: int = 0
+    failures: int = 0  # every item without a score, back-end failures included
+    backend_failures: int = 0  # items whose request failed for good in the back end ("record" mode)
 
     def as_metrics(self, prefix: str) -> dict[str, float]:
         """Flat metric dict, e.g. {'judge/quality/failures': 0.0, ...}."""
@@ -56,6 +60,7 @@ class JudgeStats:
             f"{prefix}/reasks": float(self.reasks),
             f"{prefix}/failures": float(self.failures),
             f"{prefix}/failure_rate": rate,
+            f"{prefix}/backend_failures": float(self.backend_failures),
         }
 
 
@@ -91,11 +96,15 @@ class _Judge(abc.ABC):
 
     kind = "judge"
 
-    def __init__(self, backend: LLMBackend, *, max_attempts: int = 2) -> None:
+    def __init__(self, backend: LLMBackend, *, max_attempts: int = 2, backend_failures: str = "raise") -> None:
         if max_attempts < 1:
             raise ValueError(f"{type(self).__name__}: max_attempts must be >= 1, got {max_attempts}")
+        if backend_failures not in ("raise", "record"):
+            raise ValueError(f"{type(self).__name__}: backend_failures must be 'raise' or 'record', "
+                             f"got {backend_failures!r}")
         self.backend = backend
         self.max_attempts = max_attempts
+        self.backend_failures = backend_failures
         self._lock = threading.Lock()
         self._stats = JudgeStats()
 
@@ -125,16 +134,21 @@ class _Judge(abc.ABC):
         errors: list[str] = [""] * len(requests)
         texts: list[str] = [""] * len(requests)
         pending = list(range(len(requests)))
-        reasks = 0
+        reasks, failed = 0, 0
         for attempt in range(1, self.max_attempts + 1):
             if not pending:
                 break
             batch = [requests[i] if attempt == 1 else _reask(requests[i], errors[i]) for i in pending]
             if attempt > 1:
                 reasks += len(batch)
-            responses = self.backend.generate(batch)
+            record = self.backend_failures == "record"
+            responses = generate_each(self.backend, batch) if record else self.backend.generate(batch)
             still: list[int] = []
             for i, resp in zip(pending, responses, strict=True):
+                if isinstance(resp, BackendError):  # retries exhausted: not asked again, recorded
+                    results[i] = JudgeResult(score=None, attempts=attempt, failure=f"back end: {resp}")
+                    failed += 1
+                    continue
                 texts[i] = resp.text
                 result, err = self._validate(resp)
                 if result is None:
@@ -153,7 +167,8 @@ class _Judge(abc.ABC):
             )
         with self._lock:
             s = self._stats
-            self._stats = JudgeStats(s.items + len(requests), s.reasks + reasks, s.failures + len(pending))
+            self._stats = JudgeStats(s.items + len(requests), s.reasks + reasks, s.failures + len(pending) + failed,
+                                     s.backend_failures + failed)
         return [r for r in results if r is not None]
 
 
@@ -203,8 +218,9 @@ class QualityJudge(_Judge):
         max_attempts: int = 2,
         dimensions: Sequence[str] = prompts.QUALITY_DIMENSIONS,
         weights: Mapping[str, float] | None = None,
+        backend_failures: str = "raise",
     ) -> None:
-        super().__init__(backend, max_attempts=max_attempts)
+        super().__init__(backend, max_attempts=max_attempts, backend_failures=backend_failures)
         self.dimensions = tuple(dimensions)
         unknown = set(self.dimensions) - set(prompts.QUALITY_DIMENSIONS)
         if unknown:

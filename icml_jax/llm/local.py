@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from icml_jax.llm.registry import register_backend
@@ -91,6 +92,22 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+LOCAL_OPTIONS = ("model_dir", "tokenizer_dir", "dtype", "seed", "top_p", "top_k", "max_batch", "max_output_tokens")
+
+
+def _check_local(values: Mapping[str, Any]) -> None:
+    """The local block's keys and its model directory (config.json there), before any weight is read."""
+    unknown = sorted(set(values) - {"kind", *LOCAL_OPTIONS})
+    if unknown:
+        raise ValueError(f"local back end: unknown config key(s) {unknown}; known: {sorted(LOCAL_OPTIONS)}")
+    model_dir = values.get("model_dir")
+    if not model_dir:
+        raise ValueError("local back end needs model_dir (a local Hugging Face model directory)")
+    if not (Path(model_dir).expanduser() / "config.json").is_file():
+        raise ValueError(f"local back end: model_dir={model_dir!r} has no config.json (a local Hugging Face model "
+                         "directory; nothing is downloaded)")
+
+
 def _local(values: Mapping[str, Any]) -> LocalBackend:
     """`{'kind': 'local', 'model_dir': ..., 'tokenizer_dir': ... (default model_dir), 'dtype': 'bfloat16',
     'max_batch': 16, 'max_output_tokens': None (a cap on every request's token budget)}`."""
@@ -98,13 +115,7 @@ def _local(values: Mapping[str, Any]) -> LocalBackend:
 
     from icml_jax.models import from_pretrained, load_tokenizer
 
-    known = {"kind", "model_dir", "tokenizer_dir", "dtype", "seed", "top_p", "top_k", "max_batch",
-             "max_output_tokens"}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"local back end: unknown config key(s) {unknown}; known: {sorted(known)}")
-    if not values.get("model_dir"):
-        raise ValueError("local back end needs model_dir (a local Hugging Face model directory)")
+    _check_local(values)
     model = from_pretrained(values["model_dir"], dtype=jnp.dtype(values.get("dtype", "bfloat16")))
     tokenizer = load_tokenizer(values.get("tokenizer_dir") or values["model_dir"])
     return LocalBackend(model, tokenizer, seed=int(values.get("seed", 0)), top_p=float(values.get("top_p", 1.0)),
@@ -113,4 +124,4 @@ def _local(values: Mapping[str, Any]) -> LocalBackend:
                                            else int(values["max_output_tokens"])))
 
 
-register_backend("local", _local)
+register_backend("local", _local, LOCAL_OPTIONS, check=_check_local)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from icml_jax.llm.types import LLMBackend
@@ -11,6 +12,9 @@ from icml_jax.llm.types import LLMBackend
 T = TypeVar("T")
 BackendFactory = Callable[[Mapping[str, Any]], LLMBackend]
 _FACTORIES: dict[str, BackendFactory] = {}
+_OPTIONS: dict[str, frozenset[str]] = {}
+_CHECKS: dict[str, Callable[[Mapping[str, Any]], None]] = {}
+logger = logging.getLogger(__name__)
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
@@ -39,9 +43,16 @@ def dataclass_from_config(cls: type[T], cfg: Any, *, ignore: tuple[str, ...] = (
     return cls(**values)
 
 
-def register_backend(kind: str, factory: BackendFactory) -> None:
-    """Make `make_backend({'kind': kind, ...})` call `factory(config_dict)` (e.g. the local Flax back end)."""
+def register_backend(kind: str, factory: BackendFactory, options: Iterable[str] = (),
+                     check: Callable[[Mapping[str, Any]], None] | None = None) -> None:
+    """Make `make_backend({'kind': kind, ...})` call `factory(options)` (e.g. the local Flax back end).
+
+    `options`: the keys this kind takes besides `kind` (what `resolve_options` keeps); `check`: validates a
+    block's options without building anything (no model load, no connection), for the up-front config check.
+    """
     _FACTORIES[kind] = factory
+    _OPTIONS[kind] = frozenset(options)
+    _CHECKS[kind] = check or (lambda values: None)
 
 
 def available_backends() -> list[str]:
@@ -49,19 +60,55 @@ def available_backends() -> list[str]:
     return sorted(_FACTORIES)
 
 
-def make_backend(cfg: Any, **kwargs: Any) -> LLMBackend:
-    """Build the back end named by `cfg.kind` ('gemini', 'offline', or a registered one)."""
+def resolve_options(cfg: Any, where: str = "back end") -> dict[str, Any]:
+    """The block's `kind` and the options of that kind.
+
+    A block switched to another kind on the command line (`--config.llm.judge.kind=offline`) still holds the old
+    kind's options: keys another registered kind takes are dropped with a warning naming them; a key no kind
+    takes is a typo and an error naming it. `where` (e.g. 'config.llm.judge') starts every message.
+    """
     values = config_to_dict(cfg)
     kind = values.get("kind")
     if kind not in _FACTORIES:
-        raise ValueError(f"unknown LLM back end kind {kind!r}; available: {available_backends()}")
+        raise ValueError(f"{where}: unknown LLM back end kind {kind!r}; available: {available_backends()}")
+    others = set().union(*(opts for k, opts in _OPTIONS.items() if k != kind))
+    unknown = sorted(k for k in values if k != "kind" and k not in _OPTIONS[kind] and k not in others)
+    if unknown:
+        raise ValueError(f"{where}: unknown config key(s) {unknown} for the {kind!r} back end; it takes "
+                         f"{sorted(_OPTIONS[kind]) or 'no options'}")
+    dropped = sorted(k for k in values if k != "kind" and k not in _OPTIONS[kind] and values[k] is not None)
+    if dropped:
+        logger.warning("%s: kind %r ignores the other back ends' option(s) %s", where, kind, dropped)
+    return {"kind": kind, **{k: v for k, v in values.items() if k in _OPTIONS[kind]}}
+
+
+def check_backend(cfg: Any, where: str = "back end") -> dict[str, Any]:
+    """Validates a back-end block without building it (kind, keys, values); returns its resolved options."""
+    values = resolve_options(cfg, where)
+    try:
+        _CHECKS[values["kind"]](values)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    return values
+
+
+def make_backend(cfg: Any, **kwargs: Any) -> LLMBackend:
+    """Build the back end named by `cfg.kind` ('gemini', 'offline', or a registered one)."""
+    values = resolve_options(cfg)
+    kind = values["kind"]
     return _FACTORIES[kind](values, **kwargs) if kwargs else _FACTORIES[kind](values)
 
 
-def _gemini(values: Mapping[str, Any], **kwargs: Any) -> LLMBackend:
-    from icml_jax.llm.gemini import GeminiBackend, GeminiConfig
+def _gemini_config(values: Mapping[str, Any]) -> Any:
+    from icml_jax.llm.gemini import GeminiConfig
 
-    return GeminiBackend(dataclass_from_config(GeminiConfig, values), **kwargs)
+    return dataclass_from_config(GeminiConfig, values)
+
+
+def _gemini(values: Mapping[str, Any], **kwargs: Any) -> LLMBackend:
+    from icml_jax.llm.gemini import GeminiBackend
+
+    return GeminiBackend(_gemini_config(values), **kwargs)
 
 
 def _offline(values: Mapping[str, Any]) -> LLMBackend:
@@ -73,5 +120,11 @@ def _offline(values: Mapping[str, Any]) -> LLMBackend:
     return OfflineBackend()
 
 
-register_backend("gemini", _gemini)
+def _gemini_fields() -> list[str]:
+    from icml_jax.llm.gemini import GeminiConfig
+
+    return [f.name for f in dataclasses.fields(GeminiConfig)]
+
+
+register_backend("gemini", _gemini, _gemini_fields(), check=_gemini_config)
 register_backend("offline", _offline)

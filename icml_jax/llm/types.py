@@ -81,6 +81,10 @@ class TokenUsage:
     def __sub__(self, other: TokenUsage) -> TokenUsage:
         return TokenUsage(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)})
 
+    def to_dict(self) -> dict[str, int]:
+        """Every count plus `total_tokens`, JSON-safe (for manifests and metrics rows)."""
+        return {**dataclasses.asdict(self), "total_tokens": self.total_tokens}
+
     def as_metrics(self, prefix: str = "llm") -> dict[str, float]:
         """Flat metric dict, e.g. {'llm/prompt_tokens': 12.0, ...}."""
         out = {f"{prefix}/{f.name}": float(getattr(self, f.name)) for f in dataclasses.fields(self)}

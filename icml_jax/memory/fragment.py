@@ -66,7 +66,10 @@ class Fragment:
 
 
 def fragment_id_for(user_id: str, episode_id: str, session: int, turn: int) -> str:
-    """Deterministic id of the memory saved from one source turn of one user (same turn -> same id)."""
+    """Deterministic id of the memory saved from one source turn of one user (same turn -> same id).
+
+    Unique while each writer has its own (episode, session): writers sharing a store take sessions from
+    `MemoryStore.open_session`."""
     key = json.dumps([user_id, episode_id, int(session), int(turn)], ensure_ascii=False, separators=(",", ":"))
     return "m_" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:24]
 

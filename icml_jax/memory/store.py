@@ -3,6 +3,10 @@
 Isolation is structural: every read and delete takes the user id and filters on it in SQL, so no call can
 return another user's fragments. Every write runs in one transaction (BEGIN IMMEDIATE ... COMMIT) with
 synchronous=FULL, so a crash mid-write loses nothing committed and leaves no partial batch behind.
+
+Several processes may share one database file (WAL, busy timeout): `open_session` hands each writer its own
+session number, so the ids of their fragments, derived from (user, episode, session, turn), never collide; an id
+already holding another source turn is refused (MemoryStoreError), never silently dropped.
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ from icml_jax.memory.lexical import bm25_scores
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 EXPORT_FORMAT = "icml_jax.memory.fragment/1"
 
-_SCHEMA = """
+_SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS fragments (
     seq            INTEGER PRIMARY KEY AUTOINCREMENT,
     fragment_id    TEXT    NOT NULL UNIQUE,
@@ -43,6 +47,19 @@ CREATE TABLE IF NOT EXISTS fragments (
 );
 CREATE INDEX IF NOT EXISTS fragments_by_user ON fragments (user_id, created_at, seq);
 """
+_SCHEMA_V2 = """
+CREATE TABLE IF NOT EXISTS sessions (
+    user_id    TEXT    NOT NULL,
+    episode_id TEXT    NOT NULL,
+    session    INTEGER NOT NULL,
+    opened_at  REAL    NOT NULL,
+    PRIMARY KEY (user_id, episode_id, session)
+);
+CREATE INDEX IF NOT EXISTS fragments_by_session ON fragments (user_id, episode_id, session);
+"""
+# version -> the DDL that takes a database of the version before it there; every statement is idempotent.
+_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
+_WAL_RETRY_S = 0.02  # pause between attempts to switch a new database to WAL while another opener holds it
 _COLUMNS = ", ".join(FRAGMENT_FIELDS)
 _ORDER = "ORDER BY created_at, seq"
 _DRAFT_FIELDS = ("episode_id", "session", "turn", "source_text", "text", "policy_version", "decision_id", "extra")
@@ -61,6 +78,11 @@ def _row_to_fragment(row: sqlite3.Row | tuple[Any, ...]) -> Fragment:
 def _check_user(user_id: str) -> None:
     if not isinstance(user_id, str) or not user_id:
         raise ValueError(f"memory store: user_id must be a non-empty string, got {user_id!r}")
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    """Whether `exc` is SQLITE_BUSY (another connection holds the lock), extended codes included."""
+    return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_BUSY
 
 
 class MemoryStore:
@@ -84,18 +106,10 @@ class MemoryStore:
                 self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False
             )
             if not in_memory:
-                self._conn.execute("PRAGMA journal_mode=WAL")
+                self._enable_wal(timeout_s)
             self._conn.execute("PRAGMA synchronous=FULL")
             with self._tx("open"):
-                version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-                if version > SCHEMA_VERSION:
-                    raise MemoryStoreError(
-                        f"memory store {self.path}: schema version {version} is newer than this code "
-                        f"({SCHEMA_VERSION})"
-                    )
-                for stmt in filter(str.strip, _SCHEMA.split(";")):
-                    self._conn.execute(stmt)
-                self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                self._migrate()
         except (sqlite3.Error, MemoryStoreError) as e:
             conn = getattr(self, "_conn", None)
             if conn is not None:
@@ -106,6 +120,41 @@ class MemoryStore:
 
     def __repr__(self) -> str:
         return f"MemoryStore(path={self.path!r})"
+
+    def _enable_wal(self, timeout_s: float) -> None:
+        """Switch to WAL, retrying while another process opens the same new file.
+
+        Changing the journal mode while another connection holds a write lock on a database not yet in WAL (e.g.
+        a second process creating the same new file) fails with SQLITE_BUSY at once, without the busy timeout,
+        so this loop stands in for it.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                break
+            except sqlite3.OperationalError as e:
+                if not _is_busy(e) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(_WAL_RETRY_S)
+        if str(mode).lower() != "wal":  # e.g. a file system without shared memory: still safe, less concurrent
+            logger.warning("memory store %s: journal mode is %s, not WAL; writers will wait on each other", self.path,
+                           mode)
+
+    def _migrate(self) -> None:
+        """Create or upgrade the schema to SCHEMA_VERSION (inside the open transaction); refuse a newer one."""
+        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise MemoryStoreError(
+                f"memory store {self.path}: schema version {version} is newer than this code ({SCHEMA_VERSION})"
+            )
+        if 0 < version < SCHEMA_VERSION:
+            logger.info("memory store %s: upgrading schema %d -> %d", self.path, version, SCHEMA_VERSION)
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            for stmt in filter(str.strip, _MIGRATIONS[target].split(";")):
+                self._conn.execute(stmt)
+        if version != SCHEMA_VERSION:
+            self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     # -- plumbing ------------------------------------------------------------------------------------
 
@@ -147,11 +196,12 @@ class MemoryStore:
         return self.append_many(user_id, [draft])[0]
 
     def append_many(self, user_id: str, drafts: Sequence[NewFragment]) -> list[Fragment]:
-        """Store fragments for `user_id` in one transaction; returns the stored fragments, in order.
+        """Store fragments for `user_id` in one transaction, all or nothing; returns the stored fragments, in order.
 
         The id is derived from (user, episode, session, turn), so saving the same source turn twice is
-        idempotent: the fragment committed first is kept and returned (e.g. when a step is replayed after a
-        crash).
+        idempotent: the fragment committed first is kept and returned, even when its note was condensed
+        differently (e.g. a step replayed after a crash). An id that holds a different source turn means two
+        writers shared a session (see `open_session`): that raises MemoryStoreError and stores nothing.
         """
         _check_user(user_id)
         for d in drafts:
@@ -164,10 +214,7 @@ class MemoryStore:
                     f"SELECT {_COLUMNS} FROM fragments WHERE fragment_id = ? AND user_id = ?", (fid, user_id)
                 ).fetchone()
                 if row is not None:
-                    existing = _row_to_fragment(row)
-                    if existing.text != d.text:
-                        logger.info("memory store: %s already holds %s; keeping the committed text", self.path, fid)
-                    out.append(existing)
+                    out.append(self._replayed(_row_to_fragment(row), d))
                     continue
                 frag = Fragment(
                     fragment_id=fid,
@@ -186,6 +233,42 @@ class MemoryStore:
                 out.append(frag)
         return out
 
+    def _replayed(self, existing: Fragment, draft: NewFragment) -> Fragment:
+        """The committed fragment when `draft` replays its source turn; MemoryStoreError on an id collision."""
+        if existing.source_text != draft.source_text:
+            raise MemoryStoreError(
+                f"memory store {self.path}: user {existing.user_id!r} already has memory {existing.fragment_id} "
+                f"from another source turn at episode {draft.episode_id!r}, session {draft.session}, turn "
+                f"{draft.turn}; two writers used the same session (allocate one per writer with "
+                "MemoryStore.open_session); nothing of this batch was stored"
+            )
+        if existing.text != draft.text:
+            logger.info("memory store: %s already holds %s; keeping the committed text", self.path,
+                        existing.fragment_id)
+        return existing
+
+    def open_session(self, user_id: str, episode_id: str) -> int:
+        """Allocate the next session number of `user_id` in `episode_id`: one more than any recorded or stored.
+
+        Atomic across processes (one BEGIN IMMEDIATE transaction), so two writers never get the same session;
+        numbers start at 1 and are never handed out twice while the user exists (`delete_user` resets them).
+        """
+        _check_user(user_id)
+        if not isinstance(episode_id, str) or not episode_id:
+            raise ValueError(f"memory store: episode_id must be a non-empty string, got {episode_id!r}")
+        with self._tx(f"open_session for {user_id!r}") as conn:
+            (highest,) = conn.execute(
+                "SELECT MAX(s) FROM (SELECT MAX(session) AS s FROM sessions WHERE user_id = ? AND episode_id = ? "
+                "UNION ALL SELECT MAX(session) FROM fragments WHERE user_id = ? AND episode_id = ?)",
+                (user_id, episode_id, user_id, episode_id),
+            ).fetchone()
+            session = 1 + max(0, highest or 0)
+            conn.execute(
+                "INSERT INTO sessions (user_id, episode_id, session, opened_at) VALUES (?, ?, ?, ?)",
+                (user_id, episode_id, session, float(self._clock())),
+            )
+        return session
+
     @staticmethod
     def _insert(conn: sqlite3.Connection, frag: Fragment) -> None:
         values = [getattr(frag, f) for f in FRAGMENT_FIELDS]
@@ -202,9 +285,10 @@ class MemoryStore:
             return cur.rowcount > 0
 
     def delete_user(self, user_id: str) -> int:
-        """Forget everything about `user_id`; returns how many fragments were removed."""
+        """Forget everything about `user_id` (fragments and session records); returns how many fragments went."""
         _check_user(user_id)
         with self._tx("delete_user") as conn:
+            conn.execute("DELETE FROM sessions WHERE user_id = ?", (user_id,))
             return conn.execute("DELETE FROM fragments WHERE user_id = ?", (user_id,)).rowcount
 
     # -- reads (always scoped to one user) -----------------------------------------------------------

@@ -1,18 +1,22 @@
 """Backbones: one NNX decoder for Llama-3.x / Qwen3 / Gemma3, HF loading, tokenizers and generation."""
 
-from icml_jax.models.config import ModelConfig, RopeConfig
+from icml_jax.models.config import ModelConfig, ModelConfigError, RopeConfig
 from icml_jax.models.decoder import Decoder, KVCache, Output, init_cache
 from icml_jax.models.loading import abstract_model, from_pretrained
 from icml_jax.models.presets import PRESETS, preset
+from icml_jax.models.safetensors_io import CheckpointError, CheckpointNotFoundError
 from icml_jax.models.sampler import GenerationResult, SamplingConfig, generate, generate_tokens
 from icml_jax.models.tokenizer import apply_chat_template, load_tokenizer
 
 __all__ = [
     "PRESETS",
+    "CheckpointError",
+    "CheckpointNotFoundError",
     "Decoder",
     "GenerationResult",
     "KVCache",
     "ModelConfig",
+    "ModelConfigError",
     "Output",
     "RopeConfig",
     "SamplingConfig",

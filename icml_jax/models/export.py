@@ -220,9 +220,11 @@ def _adapter_path(directory: str | Path) -> Path:
 
 
 def _read_metadata(path: Path) -> dict[str, str]:
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        meta = json.loads(f.read(n)).get("__metadata__", {})
+    """The adapter file's safetensors metadata (its header checked against the file first: a damaged length
+    field is an error naming the file, not a huge allocation)."""
+    from icml_jax.models.safetensors_io import SafetensorsFile
+
+    meta = SafetensorsFile(path).metadata
     if meta.get("format") != ADAPTER_FORMAT:
         raise ValueError(f"{path} is not an icml_jax adapter file (format {meta.get('format')!r})")
     return meta

@@ -15,7 +15,7 @@ from icml_jax import parallel
 from icml_jax.models import hf_layout
 from icml_jax.models.config import ModelConfig
 from icml_jax.models.decoder import Decoder
-from icml_jax.models.safetensors_io import Checkpoint
+from icml_jax.models.safetensors_io import Checkpoint, CheckpointError, CheckpointNotFoundError
 
 
 def abstract_model(config: ModelConfig, dtype=jnp.float32) -> Decoder:
@@ -36,18 +36,19 @@ def from_pretrained(
     and put on its device(s) one at a time. A stacked block parameter gathers its layers' tensors: on one device
     through one stacked host copy; with `mesh` (logical axes -> mesh axes via `rules`) each device's shard is
     assembled from the layers' slices, so no device receives more than its shard and the host holds one layer's
-    tensor plus one shard at a time. The returned model has its `config` attached. Missing, unexpected or
-    mis-shaped tensors raise ValueError naming tensor and file.
+    tensor plus one shard at a time. The returned model has its `config` attached. A damaged config.json raises
+    ModelConfigError; a missing directory or file CheckpointNotFoundError; damaged safetensors files and missing,
+    unexpected or mis-shaped tensors CheckpointError, naming tensor and file (all ValueError / FileNotFoundError).
     """
     path = Path(path)
     if not path.is_dir():
-        raise FileNotFoundError(f"model directory {path} does not exist")
+        raise CheckpointNotFoundError(f"model directory {path} does not exist (or is not a folder)")
     config = ModelConfig.from_json_file(path / "config.json")
     ckpt = Checkpoint(path)
     try:
         prefix = hf_layout.find_prefix(ckpt.keys())
     except KeyError as e:
-        raise ValueError(f"{path}: {e.args[0]}") from None
+        raise CheckpointError(f"{path}: {e.args[0]}") from None
     graphdef, state = nnx.split(abstract_model(config, dtype))
     table = hf_layout.layout(config)
     used: set[str] = set()
@@ -69,7 +70,7 @@ def from_pretrained(
             expected = hf_layout.hf_shape(kind, shape)
             if ckpt.shape(name) != expected:
                 where = "/".join(map(str, key)) + (f", layer {i}" if stacked else "")
-                raise ValueError(f"tensor {name!r} in {ckpt.file_of(name)} has shape {ckpt.shape(name)}, "
+                raise CheckpointError(f"tensor {name!r} in {ckpt.file_of(name)} has shape {ckpt.shape(name)}, "
                                  f"expected {expected} (parameter {where})")
         read = _reader(ckpt, kind, shape, jnp.dtype(dtype))
         sharding = None if mesh is None else parallel.variable_sharding(var, mesh, rules)
@@ -83,13 +84,13 @@ def from_pretrained(
                 lambda index, names=names, read=read: np.stack([read(n)[index[1:]] for n in names[index[0]]]))
         leaves.append((key, var.replace(value)))
     if missing:
-        raise ValueError(f"{path}: checkpoint lacks {len(missing)} tensor(s): {', '.join(missing[:8])}"
+        raise CheckpointError(f"{path}: checkpoint lacks {len(missing)} tensor(s): {', '.join(missing[:8])}"
                          + (" ..." if len(missing) > 8 else ""))
     tied_head = hf_layout.full_name("<lm_head>", prefix) if config.tie_embeddings else None
     unexpected = [n for n in ckpt.keys() if n not in used and n != tied_head and not hf_layout.is_ignored(n)]
     if unexpected:
         shown = ", ".join(f"{n!r} ({ckpt.file_of(n).name})" for n in unexpected[:8])
-        raise ValueError(f"{path}: unexpected tensor(s) the {config.family} decoder does not use: {shown}"
+        raise CheckpointError(f"{path}: unexpected tensor(s) the {config.family} decoder does not use: {shown}"
                          + (" ..." if len(unexpected) > 8 else ""))
     return nnx.merge(graphdef, nnx.from_flat_state(leaves))
 

@@ -9,9 +9,12 @@ with `ml_dtypes`; nothing is read until a tensor is asked for.
 from __future__ import annotations
 
 import json
+import math
+import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -30,21 +33,81 @@ _DTYPES = {
 }
 
 
+MAX_HEADER_BYTES = 100_000_000  # the `safetensors` library refuses larger headers too
+_RECOVER = "the file is damaged or not a safetensors file; download or export it again"
+
+
+class CheckpointError(ValueError):
+    """A model checkpoint (directory, safetensors file, index) cannot be loaded; names the file and what is wrong."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """A checkpoint directory or file that should be there is not."""
+
+
 class SafetensorsFile:
-    """One `.safetensors` file: tensor names, shapes and zero-copy views into a read-only memory map."""
+    """One `.safetensors` file: tensor names, shapes and zero-copy views into a read-only memory map.
+
+    The header is checked against the file's size before anything is allocated or mapped: its length, that it
+    is a JSON object, and that every tensor's byte range lies inside the file and fits its shape and dtype.
+    """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         try:
             with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < 8:
+                    raise CheckpointError(f"{self.path}: only {size} bytes, too short for the 8-byte header length "
+                                          f"a safetensors file starts with; {_RECOVER}")
                 (header_len,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(header_len))
-        except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{self.path}: not a readable safetensors file ({e})") from e
-        header.pop("__metadata__", None)
-        self._header = header
+                if header_len > min(size - 8, MAX_HEADER_BYTES):
+                    limit = (f"the file has only {size - 8} bytes after it" if header_len > size - 8
+                             else f"the limit is {MAX_HEADER_BYTES}")
+                    raise CheckpointError(f"{self.path}: header length field says {header_len} bytes but {limit}; "
+                                          f"{_RECOVER}")
+                raw = f.read(header_len)
+        except FileNotFoundError as e:
+            raise CheckpointNotFoundError(f"{self.path}: no such safetensors file") from e
+        except OSError as e:
+            raise CheckpointError(f"{self.path}: cannot read safetensors file ({e})") from e
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{self.path}: the {header_len}-byte header is not JSON ({e}); {_RECOVER}") from None
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{self.path}: the header is a JSON {type(header).__name__}, not an object; "
+                                  f"{_RECOVER}")
+        metadata = header.pop("__metadata__", None)
+        self.metadata: dict[str, str] = metadata if isinstance(metadata, dict) else {}
         self._offset = 8 + header_len
+        data_size = size - self._offset
+        for name, info in header.items():
+            self._check_entry(name, info, data_size, size)
+        self._header = header
         self._map: np.memmap | None = None
+
+    def _check_entry(self, name: str, info: Any, data_size: int, size: int) -> None:
+        """Raises CheckpointError unless `info` is a well-formed entry whose bytes lie inside the file."""
+        where = f"{self.path}: tensor {name!r}"
+        if not isinstance(info, dict) or not isinstance(info.get("dtype"), str):
+            raise CheckpointError(f"{where}: header entry {info!r} has no dtype string; {_RECOVER}")
+        shape, offsets = info.get("shape"), info.get("data_offsets")
+        if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+            raise CheckpointError(f"{where}: shape {shape!r} is not a list of non-negative integers; {_RECOVER}")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets)
+                or offsets[0] > offsets[1]):
+            raise CheckpointError(f"{where}: data_offsets {offsets!r} are not [begin, end] with 0 <= begin <= end; "
+                                  f"{_RECOVER}")
+        begin, end = offsets
+        if end > data_size:
+            raise CheckpointError(f"{where}: its data ends at byte {self._offset + end} but the file has only {size} "
+                                  f"bytes: the file is truncated (an interrupted download?); download it again")
+        dtype = _DTYPES.get(info["dtype"])
+        if dtype is not None and end - begin != math.prod(shape) * np.dtype(dtype).itemsize:
+            raise CheckpointError(f"{where}: shape {shape} of {info['dtype']} needs "
+                                  f"{math.prod(shape) * np.dtype(dtype).itemsize} bytes but data_offsets {offsets} "
+                                  f"span {end - begin}; {_RECOVER}")
 
     def keys(self) -> list[str]:
         """Tensor names in this file."""
@@ -58,12 +121,18 @@ class SafetensorsFile:
         """A read-only view of tensor `name`."""
         info = self._header[name]
         if info["dtype"] not in _DTYPES:
-            raise ValueError(f"{self.path}: tensor {name!r} has unsupported dtype {info['dtype']}")
+            raise CheckpointError(f"{self.path}: tensor {name!r} has dtype {info['dtype']}, which this loader does "
+                                  f"not read (supported: {', '.join(_DTYPES)})")
         if self._map is None:
             self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
         start, end = info["data_offsets"]
         raw = self._map[self._offset + start : self._offset + end]
         return raw.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
+
+
+def _is_count(x: Any) -> bool:
+    """A non-negative int (JSON true/false excluded)."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 class Checkpoint:
@@ -74,23 +143,28 @@ class Checkpoint:
         index = self.directory / "model.safetensors.index.json"
         if index.exists():
             try:
-                weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-            except (OSError, json.JSONDecodeError, KeyError) as e:
-                raise ValueError(f"{index}: unreadable index file ({e})") from e
+                weight_map = json.loads(index.read_bytes())["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError) as e:  # ValueError: not JSON, not UTF-8
+                raise CheckpointError(f"{index}: unreadable index file ({type(e).__name__}: {e}); download it "
+                                      "again") from e
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise CheckpointError(f"{index}: 'weight_map' is not an object of tensor name -> file name; download "
+                                      "it again")
             files = sorted(set(weight_map.values()))
-            missing = [f for f in files if not (self.directory / f).exists()]
+            missing = [f for f in files if not (self.directory / f).is_file()]
             if missing:
-                raise FileNotFoundError(f"{index} lists files that are not in {self.directory}: {missing}")
+                raise CheckpointNotFoundError(f"{index} lists files that are not in {self.directory}: {missing}")
         else:
             files = sorted(p.name for p in self.directory.glob("*.safetensors"))
             if not files:
-                raise FileNotFoundError(f"no *.safetensors files in {self.directory}")
+                raise CheckpointNotFoundError(f"no *.safetensors files in {self.directory}")
         self._files = {name: SafetensorsFile(self.directory / name) for name in files}
         self._where: dict[str, str] = {}
         for fname, f in self._files.items():
             for key in f.keys():
                 if key in self._where:
-                    raise ValueError(f"tensor {key!r} appears in both {self._where[key]} and {fname}")
+                    raise CheckpointError(f"{self.directory}: tensor {key!r} appears in both {self._where[key]} "
+                                          f"and {fname}")
                 self._where[key] = fname
 
     def __contains__(self, name: str) -> bool:

@@ -3,6 +3,7 @@ jitted joint PPO update of both agents and the online learner (Algorithm 1)."""
 
 from icml_jax.rl.advantages import compute_advantages, discounted_returns, gae, whiten
 from icml_jax.rl.config import PPOConfig, RewardConfig
+from icml_jax.rl.divergence import DivergenceConfig, DivergenceError, DivergenceMonitor, StepFigures
 from icml_jax.rl.losses import (
     approx_kl,
     clip_fraction,
@@ -25,6 +26,7 @@ from icml_jax.rl.optim import (
     make_optimizer,
     nnx_param_labels,
     skip_nonfinite,
+    tree_norm,
 )
 from icml_jax.rl.pending import (
     ASSIGNED,
@@ -99,6 +101,11 @@ __all__ = [
     "TriggerBatch",
     "TriggerItem",
     "UpdateResult",
+    "DivergenceConfig",
+    "DivergenceError",
+    "DivergenceMonitor",
+    "StepFigures",
+    "tree_norm",
     "UserMismatchError",
     "all_finite",
     "approx_kl",

@@ -10,6 +10,7 @@ once every item is on disk, so a kill mid-write leaves the previous checkpoint a
 from __future__ import annotations
 
 import io
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +25,11 @@ from flax import nnx
 from icml_jax.memory.store import MemoryStore
 
 ARRAYS, STATE = "arrays", "state"
+logger = logging.getLogger(__name__)
+
+
+class CheckpointError(RuntimeError):
+    """No checkpoint of a run restores; the message lists each step with its error."""
 
 
 def _is_key(x: Any) -> bool:
@@ -94,6 +100,7 @@ class RunCheckpointer:
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
                                                cleanup_tmp_directories=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=(ARRAYS, STATE))
+        self.skipped: list[str] = []  # what the last restore_newest skipped, and why
 
     def save(self, step: int, arrays: Mapping[str, Any], state: Mapping[str, Any]) -> None:
         """Starts writing checkpoint `step` (returns before it is on disk when async); arrays must be host copies."""
@@ -116,6 +123,50 @@ class RunCheckpointer:
         out = self._manager.restore(step, args=ocp.args.Composite(**{ARRAYS: ocp.args.StandardRestore(),
                                                                      STATE: ocp.args.JsonRestore()}))
         return step, jax.tree.map(np.asarray, dict(out[ARRAYS])), dict(out[STATE])
+
+    def restore_newest(self, *, arrays: bool = True) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
+        """(step, arrays, state) of the newest checkpoint that restores; None when there is none at all.
+
+        A newer one that fails to restore (a damaged file, a half-copied directory) is moved aside to
+        `<directory>.unrestorable/<step>` (kept for inspection; the resumed run saves that step again) with a
+        warning naming it and the error. When none restores, CheckpointError lists every step and its error:
+        a run is never silently restarted from scratch. `arrays=False` reads only the JSON state.
+        """
+        failures: list[tuple[int, str]] = []
+        for step in reversed(self.all_steps()):
+            try:
+                if arrays:
+                    found = self.restore(step)
+                else:
+                    got = self.restore_state(step)
+                    found = None if got is None else (got[0], {}, got[1])
+            except Exception as exc:  # any failure to read a checkpoint makes it unusable; each is reported
+                text = str(exc).strip().splitlines()
+                failures.append((step, f"{type(exc).__name__}: {text[0] if text else ''}"[:300]))
+                continue
+            self.skipped = []
+            for bad, reason in failures:  # newer than the one that restores: out of the way, said out loud
+                aside = self._move_aside(bad)
+                self.skipped.append(f"checkpoint step {bad} does not restore ({reason}); moved to {aside}")
+                logger.warning("%s", self.skipped[-1])
+            return found
+        if failures:
+            raise CheckpointError(f"no checkpoint in {self.directory} restores ("
+                                  + "; ".join(f"step {step}: {reason}" for step, reason in failures)
+                                  + "); move the directory away to start this run over, or repair it")
+        return None
+
+    def _move_aside(self, step: int) -> Path:
+        """Moves step directory `step` out of the manager's sight (the run will write that step again)."""
+        dest_root = self.directory.with_name(self.directory.name + ".unrestorable")
+        dest_root.mkdir(parents=True, exist_ok=True)
+        dest = dest_root / str(step)
+        n = 1
+        while dest.exists():
+            dest, n = dest_root / f"{step}.{n}", n + 1
+        os.replace(self.directory / str(step), dest)
+        self._manager.reload()
+        return dest
 
     def restore_state(self, step: int | None = None) -> tuple[int, dict[str, Any]] | None:
         """(step, JSON state) of checkpoint `step` (default: the latest) without reading its arrays."""

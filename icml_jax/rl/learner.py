@@ -31,12 +31,13 @@ from icml_jax.agents.policy import TRAINABLE, MemoryPolicies
 from icml_jax.data.schema import Episode
 from icml_jax.llm.judges import ProxyInput, ProxyJudge, QualityInput, QualityJudge
 from icml_jax.llm.offline import OfflineBackend
-from icml_jax.llm.types import LLMBackend
+from icml_jax.llm.types import LLMBackend, TokenUsage
 from icml_jax.memory.store import MemoryStore
 from icml_jax.models.sampler import bucket
 from icml_jax.rl.advantages import compute_advantages
 from icml_jax.rl.checkpoint import policy_arrays, restore_policy_arrays
 from icml_jax.rl.config import PPOConfig, RewardConfig
+from icml_jax.rl.divergence import DivergenceConfig
 from icml_jax.rl.pending import PendingRewardBuffer, SaveReward
 from icml_jax.rl.rewards import planner_reward, planner_training_reward
 from icml_jax.rl.update import (JointUpdater, PlannerItem, Slot, TriggerItem, UpdateResult, collate, partition,
@@ -57,6 +58,7 @@ class LearnerConfig:
     seed: int = 0
     user_speaker: str | None = "user"  # the agent acts on this speaker's turns; None: on every turn (real data)
     fresh_memory: bool = True  # wipe the user's memory when one of its episodes starts (replays start clean)
+    divergence: DivergenceConfig = DivergenceConfig()  # when an update counts as diverged, and what then
 
     def __post_init__(self) -> None:
         if not isinstance(self.update_every, int) or self.update_every < 1:
@@ -196,7 +198,7 @@ class OnlineLearner:
         self.agent = MemoryAgent(policies, tokenizer, store, generator, condenser=condenser,
                                  config=dataclasses.replace(self.config.agent), seed=self.config.seed)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-        self.updater = JointUpdater(policies, self.config.ppo)
+        self.updater = JointUpdater(policies, self.config.ppo, self.config.divergence)
         self.buffer = PendingRewardBuffer(self.config.reward)
         self.rng = np.random.default_rng(self.config.seed)
         self._backends = _unique_backends([generator, condenser, proxy_judge.backend, quality_judge.backend])
@@ -215,8 +217,11 @@ class OnlineLearner:
     # ------------------------------------------------------------------ the turn loop
     def _fresh_since(self) -> dict[str, Any]:
         """Counters reset at every update: judge failures and back-end token totals."""
-        return {"proxy_failures": 0, "quality_failures": 0,
-                "tokens": sum(b.usage.total_tokens for b in self._backends), "time": time.perf_counter()}
+        return {"proxy_failures": 0, "quality_failures": 0, "usage": self._usage(), "time": time.perf_counter()}
+
+    def _usage(self) -> TokenUsage:
+        """Tokens, attempts, retries and failures of every back end so far."""
+        return sum((b.usage for b in self._backends), TokenUsage())
 
     def run_episode(self, episode: Episode, user_id: str | None = None) -> dict[str, float]:
         """Plays every session of `episode` as one user; updates when `update_every` episodes are done.
@@ -372,7 +377,7 @@ class OnlineLearner:
         discards = [r.planner_reward for r in planned if r.receipt.fragment is None]
         trig = [r.r_qual for r in records if r.r_qual is not None]
         triggered = [s for s in finalized.values() if s.triggered]
-        tokens = sum(b.usage.total_tokens for b in self._backends) - self._since["tokens"]
+        used = self._usage() - self._since["usage"]
         out = {
             "rewards/trigger": mean(trig),
             "rewards/planner": mean([r.planner_reward for r in planned]),
@@ -385,11 +390,15 @@ class OnlineLearner:
             "agent/turns": float(len(records)),
             "judge/proxy_failures": float(self._since["proxy_failures"]),
             "judge/quality_failures": float(self._since["quality_failures"]),
-            "llm/tokens": float(tokens),
+            "llm/tokens": float(used.total_tokens),
+            "llm/attempts": float(used.attempts),  # retries included; failures: requests that exhausted them
+            "llm/retries": float(used.retries),
+            "llm/failures": float(used.failures),
             "buffer/waiting": float(len(self.buffer)),
             "buffer/holdover": float(len(self._holdover)),
             "update/index": float(self.updates),
             "update/total_skipped_steps": float(int(self.updater.num_skipped)),
+            "update/total_rollbacks": float(self.updater.monitor.rollbacks),
             "update/programs": float(len(result.shapes)),
             "update/wall_since_last": time.perf_counter() - self._since["time"],
         }
@@ -421,6 +430,7 @@ class OnlineLearner:
             "rest": policy_arrays(nnx.state(self.policies, nnx.Not(nnx.Param))),
             "optimizer": jax.device_get(self.updater.state_dict()),  # host copies: the live state is donated
             "buffer": self.buffer.state_dict(),
+            "divergence": self.updater.monitor.state_dict(),
             "agent_key": np.asarray(jax.random.key_data(self.agent.key)),
             "rng": self.rng.bit_generator.state,
             "counters": {"episodes_seen": self.episodes_seen, "updates": self.updates,
@@ -441,6 +451,8 @@ class OnlineLearner:
             nnx.update(self.policies, target)
         self.updater.load_state_dict(state["optimizer"])
         self.buffer = PendingRewardBuffer.from_state_dict(state["buffer"], self.config.reward)
+        if "divergence" in state:  # absent from checkpoints written before the divergence checks
+            self.updater.monitor.load_state_dict(state["divergence"])
         self.agent.key = jax.random.wrap_key_data(jnp.asarray(state["agent_key"]))
         self.rng = np.random.default_rng()
         self.rng.bit_generator.state = state["rng"]

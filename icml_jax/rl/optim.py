@@ -110,6 +110,15 @@ class GuardedStep(NamedTuple):
     opt_state: PyTree
     skipped: jnp.ndarray  # bool scalar: this step was dropped
     num_skipped: jnp.ndarray  # int32 scalar: running count of dropped steps
+    param_norm: jnp.ndarray  # float32 scalar: global norm of the parameters before the step
+    update_norm: jnp.ndarray  # float32 scalar: global norm of the proposed change (new - old), kept or not
+
+
+def tree_norm(tree: PyTree) -> jnp.ndarray:
+    """Global L2 norm of the floating-point leaves, accumulated in float32 (bfloat16 adapters too)."""
+    sq = [jnp.sum(jnp.square(jnp.asarray(x, jnp.float32))) for x in jax.tree.leaves(tree)
+          if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+    return jnp.sqrt(sum(sq, jnp.float32(0.0)))
 
 
 def skip_nonfinite(
@@ -124,7 +133,8 @@ def skip_nonfinite(
     """Keep (params, opt_state) when the loss, any grad or any new param is non-finite; else take the new ones.
 
     Jittable, so a bad minibatch costs one step, never the run: parameters and Adam moments never become NaN,
-    and `num_skipped` counts the dropped steps. One `lax.cond` picks the whole state (as optax's
+    and `num_skipped` counts the dropped steps; the norms feed the host's divergence checks
+    (`rl.divergence`). One `lax.cond` picks the whole state (as optax's
     `apply_if_finite` does) rather than a `jnp.where` per leaf: XLA fuses the scalar `ok` (an `and` over every
     leaf) into each leaf's select, so per-leaf selects cost compile time quadratic in the number of leaves
     (minutes for a 30-layer backbone's adapters).
@@ -132,7 +142,10 @@ def skip_nonfinite(
     ok = all_finite(loss, grads, new_params)
     keep_params, keep_state = jax.lax.cond(ok, lambda: (new_params, new_opt_state), lambda: (params, opt_state))
     skipped = jnp.logical_not(ok)
-    return GuardedStep(keep_params, keep_state, skipped, jnp.asarray(num_skipped, jnp.int32) + skipped.astype(jnp.int32))
+    update = jax.tree.map(lambda new, old: jnp.asarray(new, jnp.float32) - jnp.asarray(old, jnp.float32),
+                          new_params, params)
+    return GuardedStep(keep_params, keep_state, skipped, jnp.asarray(num_skipped, jnp.int32) + skipped.astype(jnp.int32),
+                       tree_norm(params), tree_norm(update))
 
 
 def guarded_apply(

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -39,11 +40,16 @@ from jax.sharding import NamedSharding, PartitionSpec
 from icml_jax import parallel
 from icml_jax.agents.policy import TRAINABLE, MemoryPolicies, planner_evaluate, trainable_group, trigger_evaluate
 from icml_jax.rl.config import PPOConfig
+from icml_jax.rl.divergence import DivergenceConfig, DivergenceMonitor, StepFigures
 from icml_jax.rl.losses import combine_agent_losses, masked_mean, ppo_loss
 from icml_jax.rl.optim import guarded_apply, label_params, make_optimizer
 
 Array = jax.Array
 AGENTS = ("planner", "trigger")
+logger = logging.getLogger(__name__)
+DIVERGENCE_HINT = ("Lower config.rl.ppo.actor_lr / critic_lr, or set config.divergence (action='rollback' discards "
+                   "a diverged update and goes on)")
+PER_STEP_ONLY = ("skipped",)  # step figures not averaged into the epoch metrics (skipped_steps counts them)
 
 
 class PlannerBatch(NamedTuple):
@@ -176,7 +182,8 @@ def ppo_step(
 
     (loss, (metrics, current, new_rest)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     step = guarded_apply(joint_optimizer(spec.config), loss, grads, params, opt_state, num_skipped)
-    metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
+    metrics = dict(metrics, grad_norm=optax.tree.norm(grads), param_norm=step.param_norm,
+                   update_norm=step.update_norm, skipped=step.skipped.astype(jnp.float32))
     return step.params, step.opt_state, new_rest, step.num_skipped, current, metrics
 
 
@@ -301,11 +308,13 @@ class UpdateResult:
     skipped: int
     shapes: set[tuple[tuple[int, ...], tuple[int, ...]]]
     rollout_logp_gap: dict[str, float]
+    rolled_back: bool = False  # a divergence discarded this update (divergence.action='rollback')
 
     def metrics(self, prefix: str = "update") -> dict[str, float]:
         """Flat metrics: means over all steps, first- and last-epoch clip fraction / KL / ratio deviation."""
         out: dict[str, float] = {f"{prefix}/steps": float(self.steps), f"{prefix}/skipped_steps": float(self.skipped),
-                                 f"{prefix}/epochs": float(len(self.epochs))}
+                                 f"{prefix}/epochs": float(len(self.epochs)),
+                                 f"{prefix}/rolled_back": float(self.rolled_back)}
         if not self.epochs:
             return out
         keys = self.epochs[0].keys()
@@ -327,8 +336,10 @@ class JointUpdater:
     (dropout on) only with `config.update_dropout`.
     """
 
-    def __init__(self, policies: MemoryPolicies, config: PPOConfig) -> None:
+    def __init__(self, policies: MemoryPolicies, config: PPOConfig,
+                 divergence: DivergenceConfig | None = None) -> None:
         self.policies, self.config = policies, config
+        self.monitor = DivergenceMonitor(divergence or DivergenceConfig(), "online PPO update")
         if config.update_dropout:
             policies.train()
         else:
@@ -377,6 +388,8 @@ class JointUpdater:
         params, frozen, rest = self.split()
         minibatches = [jax.device_put(mb) for mb in minibatches]  # one transfer for all epochs
         skipped_before = int(self.num_skipped)
+        rollback = self.monitor.config.action == "rollback"  # the policies keep the old params until the end
+        saved_opt = jax.tree.map(jnp.copy, self.opt_state) if rollback else None  # the live one is donated
         olds: list[OldStats | None] = ([self._put(jax.tree.map(jnp.asarray, r)) for r in rollout] if use_rollout
                                        else [None] * len(minibatches))
         seen: list[OldStats | None] = [None] * len(minibatches)  # each minibatch's epoch-0 forward statistics
@@ -399,7 +412,11 @@ class JointUpdater:
                 per_step.append(metrics)
                 self.num_steps += 1
             host = jax.device_get(per_step)
-            per_epoch.append({key: float(np.mean([m[key] for m in host])) for key in host[0]})
+            if self._diverged(host, self.num_steps - len(host)):  # rollback: this update never happened
+                self.opt_state, self.num_skipped = saved_opt, self._put(jnp.asarray(skipped_before, jnp.int32))
+                return UpdateResult(per_epoch, (epoch + 1) * len(minibatches), 0, shapes, {}, rolled_back=True)
+            per_epoch.append({key: float(np.mean([m[key] for m in host])) for key in host[0]
+                              if key not in PER_STEP_ONLY})
         nnx.update(self.policies, params, rest)
         gap = {a: 0.0 for a in AGENTS}
         for k, forward in enumerate(seen if rollout is not None and epochs > 0 else ()):
@@ -412,6 +429,24 @@ class JointUpdater:
                 gap[agent] = max(gap[agent], float(diff.max(initial=0.0)))
         skipped = int(self.num_skipped) - skipped_before
         return UpdateResult(per_epoch, len(minibatches) * epochs, skipped, shapes, gap)
+
+    def _diverged(self, host: Sequence[dict[str, Any]], first_step: int) -> bool:
+        """Feeds one epoch's step figures to the monitor; warns of skipped steps; True when a rollback is due
+        (a divergence with action 'stop' raises DivergenceError)."""
+        for i, m in enumerate(host):
+            f = StepFigures(first_step + i + 1, float(m["loss"]), bool(m["skipped"]), float(m["param_norm"]),
+                            float(m["update_norm"]))
+            if f.skipped:
+                logger.warning("online PPO update: step %d skipped (non-finite loss, gradient or parameters; %d "
+                               "skipped in this run)", f.step, self.monitor.skipped + 1)
+            reason = self.monitor.observe(f)
+            if reason is not None:
+                self.monitor.diverged(f, reason, DIVERGENCE_HINT)
+                logger.warning("online PPO update diverged at step %d: %s; rolled back to the policy before this "
+                               "update (rollback %d of at most %d)", f.step, reason, self.monitor.rollbacks,
+                               self.monitor.config.max_rollbacks)
+                return True
+        return False
 
     def state_dict(self) -> dict[str, Any]:
         """Optimizer state as a flat list of arrays (its structure comes from the live optimizer on restore, so a

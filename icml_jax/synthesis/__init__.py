@@ -5,6 +5,11 @@ storylines backwards (or, with `config.direction = "forward"`, an opening sessio
 order, the paper's comparison), annotates them forwards (y_p from information gain, y_t dependencies), builds
 Trigger examples with hard and soft negatives, and writes everything as ArrayRecord files with a manifest. It
 works with every back end: Gemini, the local model, and the offline one (persona-world templates, no network).
+
+Every answer is stored as it arrives in `<out_dir>/requests.sqlite` (`icml_jax.llm.cache`), so a rerun of a
+synthesis that died replays them and asks the back end only what is missing, writing the same files as an
+uninterrupted run. A request the back end fails for good is counted and its storyline skipped; the stage
+fails only when more than `max_failed_fraction` of the requests did.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 
 import ml_collections
 
+from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
 from icml_jax.llm.types import LLMBackend
 from icml_jax.synthesis import dataset
 from icml_jax.synthesis.config import DIRECTIONS, OfflineWorldConfig, SynthesisConfig, default_config
@@ -41,8 +47,14 @@ from icml_jax.synthesis.offline_world import (
 )
 from icml_jax.synthesis.parsing import MalformedOutput
 from icml_jax.synthesis.seeds import SeedSpec, make_seeds, seeds_from_episodes, split_seeds
-from icml_jax.synthesis.storylines import Rejection, RequestStats, SynthesisResult, synthesize_episodes
-
+from icml_jax.synthesis.storylines import (
+    Rejection,
+    RequestStats,
+    SynthesisFailedError,
+    SynthesisResult,
+    check_failures,
+    synthesize_episodes,
+)
 
 def describe_backend(backend: LLMBackend) -> dict[str, Any]:
     """Back-end name and model for the manifest (Gemini: its model id; local: the backbone family and size)."""
@@ -55,6 +67,23 @@ def describe_backend(backend: LLMBackend) -> dict[str, Any]:
         model = f"{getattr(c, 'family', '?')} (hidden {getattr(c, 'hidden_size', '?')}, " \
                 f"{getattr(c, 'num_layers', '?')} layers)"
     return {"name": backend.name, "model": model}
+
+
+def cache_namespace(backend: LLMBackend) -> dict[str, Any]:
+    """What identifies a back end's answers in the request cache: its name and model, and the knobs of its
+    config (a dataclass, e.g. GeminiConfig) that change answers (thinking budget, structured output mode)."""
+    namespace: dict[str, Any] = {"backend": describe_backend(backend)}
+    config = getattr(backend, "config", None)
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        namespace["config"] = answer_namespace(dataclasses.asdict(config))
+    return namespace
+
+
+def _cached(backend: LLMBackend, cache: ResponseCache) -> CachedBackend:
+    """`backend` behind `cache`; a remote back end (`backend.remote`, e.g. Gemini) stores each answer on arrival."""
+    in_flight = getattr(getattr(backend, "config", None), "max_concurrency", 16)
+    return CachedBackend(backend, cache, cache_namespace(backend), per_request=bool(getattr(backend, "remote", False)),
+                         in_flight=max(1, int(in_flight)))
 
 
 def _count(episodes: Any, user_speaker: str) -> dict[str, int]:
@@ -79,6 +108,9 @@ def synthesize(config: SynthesisConfig | ml_collections.ConfigDict | dict, backe
     None = `make_seeds(config)` (the seeds file, else constraints drawn from the persona world).
     `condenser`: the back end the online agent condenses memories with (the main job's generator); None =
     `backend`. Used when `config.condense_memories`.
+
+    Answers are kept in `<out_dir>/requests.sqlite` and replayed by a rerun. Raises SynthesisFailedError (before
+    writing any output) when more than `config.max_failed_fraction` of the requests failed for good.
     """
     if not isinstance(config, SynthesisConfig):
         config = SynthesisConfig.from_config(config)
@@ -89,30 +121,44 @@ def synthesize(config: SynthesisConfig | ml_collections.ConfigDict | dict, backe
     if not seeds:
         raise ValueError("synthesize: no seeds")
     train_ids, held_ids = split_seeds(seeds, config.heldout_fraction, config.seed)
-    result = synthesize_episodes(config, backend, seeds)
-    user = config.world.user_speaker
-    held = set(held_ids)
-    splits = {
-        "train": [e for e in result.episodes if e.meta["seed_id"] not in held],
-        "heldout": [e for e in result.episodes if e.meta["seed_id"] in held],
-    }
-    files, counts, condensed = {}, {}, {}
     condenser = condenser or backend
     condenser_usage = condenser.usage
-    for split, episodes in splits.items():
-        examples = trigger_examples(episodes, user_speaker=user, hard_negatives=config.hard_negatives,
-                                    soft_negatives=config.soft_negatives,
-                                    none_per_episode=config.none_examples_per_episode, seed=config.seed)
-        if config.condense_memories:
-            episodes, examples, condensed[split] = condense_expert_data(episodes, examples, condenser,
-                                                                        user_speaker=user,
-                                                                        batch_size=config.batch_size,
-                                                                        max_output_tokens=config.note_max_tokens)
+    cache = ResponseCache(out / dataset.REQUESTS_CACHE)
+    try:
+        writer = _cached(backend, cache)
+        cached_condenser = writer if condenser is backend else _cached(condenser, cache)
+        result = synthesize_episodes(config, writer, seeds)
+        asked = [result.stats]
+        user = config.world.user_speaker
+        held = set(held_ids)
+        splits = {
+            "train": [e for e in result.episodes if e.meta["seed_id"] not in held],
+            "heldout": [e for e in result.episodes if e.meta["seed_id"] in held],
+        }
+        records, counts, condensed = {}, {}, {}
+        for split, episodes in splits.items():
+            examples = trigger_examples(episodes, user_speaker=user, hard_negatives=config.hard_negatives,
+                                        soft_negatives=config.soft_negatives,
+                                        none_per_episode=config.none_examples_per_episode, seed=config.seed)
+            if config.condense_memories:
+                episodes, examples, condensed[split], condense_stats = condense_expert_data(
+                    episodes, examples, cached_condenser, user_speaker=user, batch_size=config.batch_size,
+                    max_output_tokens=config.note_max_tokens)
+                asked.append(condense_stats)
+            records[split] = (episodes, examples)
+            counts[split] = {**_count(episodes, user), "trigger": example_stats(examples)}
+        check_failures(asked, config.max_failed_fraction, str(cache.path))
+        wrappers = [writer] if cached_condenser is writer else [writer, cached_condenser]
+        cache_counts = {"file": dataset.REQUESTS_CACHE, "hits": sum(w.hits for w in wrappers),
+                        "misses": sum(w.misses for w in wrappers)}
+    finally:
+        cache.close()
+    files = {}
+    for split, (episodes, examples) in records.items():
         files[dataset.episodes_path(out, split).name] = dataset.write_records(
             dataset.episodes_path(out, split), [e.to_json() for e in episodes])
         files[dataset.trigger_path(out, split).name] = dataset.write_records(
             dataset.trigger_path(out, split), [x.to_json() for x in examples])
-        counts[split] = {**_count(episodes, user), "trigger": example_stats(examples)}
     rejected_seeds = sorted({r.seed_id for r in result.rejections if r.storyline is None})
     manifest = {
         "format_version": dataset.FORMAT_VERSION,
@@ -131,13 +177,18 @@ def synthesize(config: SynthesisConfig | ml_collections.ConfigDict | dict, backe
             "storylines_rejected": len(seeds) * config.storylines_per_seed - len(result.episodes),
             "rejected_outputs": len(result.rejections),
             "malformed_answers": result.stats.malformed,
+            # requests (storylines' and condensations') the back end failed for good: skipped, not fatal
+            "failed_requests": sum(a.failed for a in asked),
             **{split: c for split, c in counts.items()},
         },
         "requests": result.stats.to_dict(),
-        "usage": dataclasses.asdict(backend.usage - usage_before),
+        # what this run spent (answers replayed from requests.sqlite cost nothing): tokens, calls, HTTP attempts,
+        # retries and failures of the synthesis back end (the condenser's too when it is the same back end)
+        "usage": (backend.usage - usage_before).to_dict(),
+        "cache": cache_counts,  # requests answered from requests.sqlite (hits) and sent to a back end (misses)
         "memories": {"condensed": config.condense_memories, "backend": describe_backend(condenser),
-                     "usage": dataclasses.asdict(condenser.usage - condenser_usage) if condenser is not backend
-                     else None, **{split: c for split, c in condensed.items()}},
+                     "usage": (condenser.usage - condenser_usage).to_dict() if condenser is not backend else None,
+                     **{split: c for split, c in condensed.items()}},
         "rejections": [r.to_dict() for r in result.rejections],
         "files": files,
     }
@@ -158,8 +209,10 @@ __all__ = [
     "SeedSpec",
     "StorylineKey",
     "SynthesisConfig",
+    "SynthesisFailedError",
     "SynthesisResult",
     "TriggerExample",
+    "cache_namespace",
     "default_config",
     "describe_backend",
     "example_stats",

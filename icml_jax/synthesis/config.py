@@ -68,6 +68,10 @@ class SynthesisConfig:
       turns_per_session: how many turns the writers are asked for; max_turns_per_session: longer answers are
         malformed.
       max_attempts: tries per request (first + re-asks) before the storyline is skipped and counted.
+      max_failed_fraction: share of the synthesis's requests (storylines' and condensations') that may fail
+        for good at the back end (after its own retries) before the stage fails; below it a failed request is
+        counted (`failed_requests`) and its storyline skipped (a condensation keeps the turn text). Answers are
+        kept in `<out_dir>/requests.sqlite`, so a rerun of a failed stage asks only what is missing.
       batch_size: requests per back-end call.
       temperature / max_output_tokens: for the writers (the annotator always uses temperature 0).
       save_threshold: y_p = (annotated information gain >= save_threshold).
@@ -96,6 +100,7 @@ class SynthesisConfig:
     turns_per_session: int = 8
     max_turns_per_session: int = 40
     max_attempts: int = 2
+    max_failed_fraction: float = 0.1
     batch_size: int = 32
     temperature: float = 0.7
     max_output_tokens: int = 2048
@@ -123,6 +128,8 @@ class SynthesisConfig:
             raise ValueError(f"SynthesisConfig.direction must be one of {DIRECTIONS}, got {self.direction!r}")
         if self.seed_source not in SEED_SOURCES:
             raise ValueError(f"SynthesisConfig.seed_source must be one of {SEED_SOURCES}, got {self.seed_source!r}")
+        if not 0.0 <= self.max_failed_fraction <= 1.0:
+            raise ValueError(f"SynthesisConfig.max_failed_fraction must be in [0, 1], got {self.max_failed_fraction}")
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise ValueError(f"SynthesisConfig.heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
         if not 0.0 < self.save_threshold <= 1.0:

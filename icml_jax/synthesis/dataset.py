@@ -7,6 +7,7 @@ Layout of a synthesis directory::
     episodes-heldout.array_record
     trigger-train.array_record        one TriggerExample JSON per record
     trigger-heldout.array_record
+    requests.sqlite                   every back-end answer, stored as it arrives: a rerun asks only what is missing
 
 Files are read with Grain's ArrayRecordDataSource (random access), so the warm-up streams them like any source.
 """
@@ -28,6 +29,7 @@ from icml_jax.data.schema import Episode
 from icml_jax.synthesis.examples import TriggerExample
 
 MANIFEST = "manifest.json"
+REQUESTS_CACHE = "requests.sqlite"
 SPLITS = ("train", "heldout")
 FORMAT_VERSION = 1
 

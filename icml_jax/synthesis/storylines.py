@@ -13,8 +13,9 @@ and request counts are the same in both directions.
 
 One round = one batched pass over all live storylines. An unusable answer is re-asked (told why) up to
 `max_attempts` tries; then the storyline (or, for a seed / opening session, all its storylines) is dropped and
-recorded as a Rejection. Back-end failures (BackendError) are not malformed output: they propagate and stop the
-run.
+recorded as a Rejection. A request that fails for good at the back end (BackendError: its retries exhausted) is
+not re-asked: it is counted (`RequestStats.failed`) and its storyline dropped the same way, with
+`backend_failure=True`; whether too many failed is the caller's call (`synthesize`, `max_failed_fraction`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from tqdm.auto import tqdm
 from icml_jax.data import timegap
 from icml_jax.data.schema import Episode, Session, Turn
 from icml_jax.llm import prompts
-from icml_jax.llm.types import LLMBackend, LLMRequest, LLMResponse
+from icml_jax.llm.generation import generate_each
+from icml_jax.llm.types import BackendError, LLMBackend, LLMRequest, LLMResponse
 from icml_jax.synthesis.config import SynthesisConfig
 from icml_jax.synthesis.offline_world import StorylineKey
 from icml_jax.synthesis.parsing import MalformedOutput, TurnLabel, WrittenSession, parse_labels, parse_session
@@ -43,17 +45,38 @@ RAW_CHARS = 400  # how much of a rejected answer the manifest keeps
 
 @dataclasses.dataclass
 class RequestStats:
-    """What asking cost: distinct requests, back-end calls (batches), tries, re-asks and malformed answers."""
+    """What asking cost: distinct requests, back-end calls (batches), tries, re-asks, malformed answers, and
+    requests that failed for good at the back end (with the first such error, for the stage's message)."""
 
     requests: int = 0
     calls: int = 0
     attempts: int = 0
     reasks: int = 0
     malformed: int = 0
+    failed: int = 0
+    first_failure: str | None = None
 
     def to_dict(self) -> dict[str, int]:
-        """Plain dict (for the manifest)."""
-        return dataclasses.asdict(self)
+        """The counts as a plain dict (for the manifest)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "first_failure"}
+
+
+class SynthesisFailedError(RuntimeError):
+    """Too many of the synthesis's requests failed for good at the back end (`max_failed_fraction`)."""
+
+
+def check_failures(asked: Sequence[RequestStats], max_fraction: float, cache_path: str) -> None:
+    """Raises SynthesisFailedError (one line: how many of how many, the first error, the setting to change)
+    when the requests in `asked` that failed for good are more than `max_fraction` of them."""
+    failed, total = sum(s.failed for s in asked), sum(s.requests for s in asked)
+    if not total or failed / total <= max_fraction:
+        return
+    first = next((s.first_failure for s in asked if s.first_failure), "?")
+    raise SynthesisFailedError(
+        f"synthesis: {failed} of {total} back-end requests failed after all retries ({failed / total:.1%} > "
+        f"synthesis.max_failed_fraction={max_fraction:g}); first error: {' '.join(first.split())}. The "
+        f"{total - failed} answered ones are kept in {cache_path}: rerun to ask only what is missing, or raise "
+        "synthesis.max_failed_fraction to skip the failed storylines")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +90,7 @@ class Rejection:
     attempts: int
     errors: tuple[str, ...]
     raw: str
+    backend_failure: bool = False  # the last try failed at the back end (retries exhausted), not in parsing
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict (for the manifest)."""
@@ -75,12 +99,14 @@ class Rejection:
 
 @dataclasses.dataclass
 class Outcome(Generic[T]):
-    """One request's fate: the parsed value (None if every try failed), tries made, errors, last raw answer."""
+    """One request's fate: the parsed value (None if every try failed), tries made, errors, last raw answer, and
+    whether the back end failed it for good."""
 
     value: T | None = None
     attempts: int = 0
     errors: list[str] = dataclasses.field(default_factory=list)
     raw: str = ""
+    backend_failure: bool = False
 
 
 def ask(
@@ -94,7 +120,8 @@ def ask(
     progress: tqdm | None = None,
 ) -> list[Outcome[T]]:
     """Sends `requests` in batches, parses each answer with `parse(i, response)`, re-asks the malformed ones;
-    `progress` advances by each batch of first tries (re-asks are not new work)."""
+    a request the back end fails for good is counted and left without a value (not re-asked). `progress`
+    advances by each batch of first tries (re-asks are not new work)."""
     outcomes: list[Outcome[T]] = [Outcome() for _ in requests]
     pending = list(range(len(requests)))
     stats.requests += len(requests)
@@ -103,14 +130,11 @@ def ask(
             break
         batch = [requests[i] if attempt == 1 else
                  prompts.synthesis_retry_request(requests[i], outcomes[i].errors[-1], attempt) for i in pending]
-        responses: list[LLMResponse] = []
+        responses: list[LLMResponse | BackendError] = []
         for start in range(0, len(batch), batch_size):
             chunk = batch[start:start + batch_size]
-            answers = backend.generate(chunk)
+            responses.extend(generate_each(backend, chunk))  # checks one outcome per request
             stats.calls += 1
-            if len(answers) != len(chunk):
-                raise RuntimeError(f"{backend.name} back end returned {len(answers)} answers for {len(chunk)} requests")
-            responses.extend(answers)
             if attempt == 1:
                 _advance(progress, len(chunk))
         stats.attempts += len(batch)
@@ -118,6 +142,12 @@ def ask(
         still = []
         for i, response in zip(pending, responses, strict=True):
             out = outcomes[i]
+            if isinstance(response, BackendError):
+                out.attempts, out.raw, out.backend_failure = attempt, "", True
+                out.errors.append(f"back-end failure: {response}")
+                stats.failed += 1
+                stats.first_failure = stats.first_failure or str(response)
+                continue
             out.attempts, out.raw = attempt, response.text or ""
             try:
                 out.value = parse(i, response)
@@ -162,7 +192,8 @@ def _advance(progress: tqdm | None, n: int) -> None:
 def _rejection(seed_id: str, storyline: int | None, stage: str, outcome: Outcome[Any]) -> Rejection:
     logging.warning("synthesis: dropping seed %s storyline %s at %s after %d tries: %s", seed_id, storyline, stage,
                     outcome.attempts, outcome.errors[-1] if outcome.errors else "?")
-    return Rejection(seed_id, storyline, stage, outcome.attempts, tuple(outcome.errors), outcome.raw[:RAW_CHARS])
+    return Rejection(seed_id, storyline, stage, outcome.attempts, tuple(outcome.errors), outcome.raw[:RAW_CHARS],
+                     outcome.backend_failure)
 
 
 def write_seed_sessions(backend: LLMBackend, seeds: Sequence[SeedSpec], config: SynthesisConfig,

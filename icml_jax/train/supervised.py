@@ -40,6 +40,7 @@ from icml_jax.agents import observation as obs
 from icml_jax.agents.policy import MemoryPolicies, planner_forward, trigger_forward
 from icml_jax.data.schema import Episode, TurnRef
 from icml_jax.rl.config import RewardConfig
+from icml_jax.rl.divergence import DivergenceConfig, DivergenceMonitor, StepFigures
 from icml_jax.rl.optim import guarded_apply
 from icml_jax.rl.rewards import planner_reward, planner_training_reward, trigger_reward, truth_reward
 from icml_jax.synthesis.dataset import ExpertData, load_expert_data
@@ -66,7 +67,8 @@ class WarmupConfig:
       rewards: the online reward settings the value targets are computed with.
       seed: input order; eval_batch_size: rows per scoring call (the last batch is padded, not recompiled).
       observation: what the policies see (must match the online agent's).
-      log_every: steps between logged losses.
+      log_every: steps between logged losses (and between the divergence checks, which name the exact step).
+      divergence: when the warm-up counts as diverged and what happens then (`rl.divergence`).
     """
 
     learning_rate: float = 2e-5
@@ -85,6 +87,7 @@ class WarmupConfig:
     eval_batch_size: int = 32
     observation: obs.ObservationConfig = dataclasses.field(default_factory=obs.ObservationConfig)
     log_every: int = 50
+    divergence: DivergenceConfig = dataclasses.field(default_factory=DivergenceConfig)
 
     def __post_init__(self) -> None:
         """Rejects settings that cannot train, naming the field."""
@@ -111,6 +114,8 @@ class WarmupConfig:
             d["rewards"] = RewardConfig.from_dict(dict(d["rewards"]))
         if isinstance(d.get("observation"), (Mapping, ml_collections.ConfigDict)):
             d["observation"] = obs.ObservationConfig(**dict(d["observation"]))
+        if not isinstance(d.get("divergence", DivergenceConfig()), DivergenceConfig):
+            d["divergence"] = DivergenceConfig.from_config(d["divergence"])
         return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:
@@ -337,7 +342,8 @@ def train_step_for(spec: _StepSpec):
 
         (loss, (metrics, new_rng)), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
         guarded = guarded_apply(tx, loss, grads, trainable, opt_state, num_skipped)
-        return guarded.params, new_rng, guarded.opt_state, guarded.num_skipped, {**metrics, "skipped": guarded.skipped}
+        return guarded.params, new_rng, guarded.opt_state, guarded.num_skipped, {
+            **metrics, "skipped": guarded.skipped, "param_norm": guarded.param_norm, "update_norm": guarded.update_norm}
 
     step.tx = tx
     return step
@@ -451,6 +457,7 @@ class WarmupResult:
     compilations: dict[str, int]
     seconds: float
     checkpoint: str | None
+    rollbacks: int = 0  # diverged windows rolled back (divergence.action='rollback')
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict."""
@@ -461,6 +468,29 @@ def _cache_sizes(steps: Mapping[str, Any]) -> dict[str, int]:
     """Compiled programs per jitted function (each should be 1: one shape bucket per agent)."""
     return {**{f"{a}_step": f._cache_size() for a, f in steps.items()},
             "score_planner": _score_planner._cache_size(), "score_trigger": _score_trigger._cache_size()}
+
+
+DIVERGENCE_HINT = ("Lower config.warmup.learning_rate, or set config.divergence (action='rollback' restores the "
+                   "last good state and goes on)")
+
+
+def _check_window(monitor: DivergenceMonitor, host: Sequence[tuple[str, Mapping[str, Any]]], first_step: int) -> bool:
+    """Feeds a window of steps (agent, host metrics) to the monitor, warning of skipped steps as they are read;
+    True when the window diverged and is to be rolled back (with action 'stop' a DivergenceError is raised)."""
+    for k, (agent, m) in enumerate(host):
+        f = StepFigures(first_step + k + 1, float(m["loss"]), bool(m["skipped"]), float(m["param_norm"]),
+                        float(m["update_norm"]))
+        if f.skipped:
+            logging.warning("warm-up: step %d (%s) skipped: non-finite loss, gradient or parameters (%d so far)",
+                            f.step, agent, monitor.skipped + 1)
+        reason = monitor.observe(f)
+        if reason is not None:
+            monitor.diverged(f, f"{reason} ({agent} step)", DIVERGENCE_HINT)
+            logging.warning("warm-up diverged at step %d: %s; rolled back to the state after step %d "
+                            "(rollback %d of at most %d)", f.step, reason, first_step, monitor.rollbacks,
+                            monitor.config.max_rollbacks)
+            return True
+    return False
 
 
 def warmup(
@@ -495,12 +525,26 @@ def warmup(
     skipped = jnp.zeros((), jnp.int32)
     history: list[dict[str, float]] = []
     last: dict[str, dict[str, float]] = {}
+    monitor = DivergenceMonitor(config.divergence, "warm-up")
+    copy = functools.partial(jax.tree.map, jnp.copy)  # the steps donate their inputs: keep copies apart
+    # divergence.action 'rollback': the state after the last window that passed the checks
+    good = copy((trainable, rng_state, opt_state, skipped)) if config.divergence.action == "rollback" else None
+    window: list[tuple[str, dict[str, jax.Array]]] = []
     for i, agent in enumerate(tqdm(order, desc="warm-up steps", unit="step", leave=False)):
         trainable, rng_state, opt_state, skipped, metrics = steps[agent](
             graphdef, trainable, rng_state, opt_state, frozen, next(streams[agent]), skipped)
-        last[agent] = metrics
+        window.append((agent, metrics))
         if (i + 1) % config.log_every == 0 or i + 1 == len(order):
-            row = {"step": float(i + 1), **{f"{a}/{k}": float(v) for a, m in last.items() for k, v in m.items()}}
+            host = jax.device_get(window)  # one transfer per window; the checks name the exact step
+            rolled_back = _check_window(monitor, host, i + 1 - len(host))
+            if rolled_back:
+                trainable, rng_state, opt_state, skipped = copy(good)
+            elif good is not None:
+                good = copy((trainable, rng_state, opt_state, skipped))
+            last.update((a, m) for a, m in host)
+            window = []
+            row = {"step": float(i + 1), **{f"{a}/{k}": float(v) for a, m in last.items() for k, v in m.items()},
+                   **({"rolled_back": 1.0} if rolled_back else {})}
             history.append(row)
             logging.info("warm-up step %d/%d: %s", i + 1, len(order), row)
     nnx.update(policies, trainable, rng_state)
@@ -510,7 +554,7 @@ def warmup(
     if skipped_steps:
         logging.warning("warm-up: %d of %d steps had non-finite values and were skipped", skipped_steps, len(order))
     result = WarmupResult(before, after, len(order), skipped_steps, tuple(history), _cache_sizes(steps),
-                          time.perf_counter() - start, None)
+                          time.perf_counter() - start, None, monitor.rollbacks)
     if workdir is not None:
         path = Path(workdir) / "warmup"
         save_warmup(path, policies, {"config": config.to_dict(), "result": result.to_dict(),

@@ -7,7 +7,7 @@ import pytest
 
 from icml_jax.agents import AgentConfig, MemoryAgent, ObservationConfig
 from icml_jax.llm import LocalBackend, OfflineBackend, make_backend
-from icml_jax.memory import MemoryStore
+from icml_jax.memory import MemoryStore, NewFragment
 from tests.agents.conftest import tiny_backbone
 from tests.llm.conftest import fake_gemini, gemini_env  # noqa: F401 - fixtures
 
@@ -114,3 +114,18 @@ def test_planner_sees_the_most_similar_stored_memories_within_its_budget(policie
     ids = tokenizer(text, add_special_tokens=True)["input_ids"]
     kept = obs.encode_planner(tokenizer, [text], tight)[0][0]
     assert len(ids) > 16 and list(kept[1:]) == ids[len(ids) - 15:]
+
+
+@pytest.mark.parametrize("head, decision", [("trigger_actor", "Trigger"), ("planner_actor", "Planner")])
+def test_a_policy_with_nan_parameters_is_named_not_an_index_error(policies, tokenizer, head, decision):
+    """Issue 16: after a diverged warm-up the online stage died with an IndexError (a sample from NaN
+    probabilities); now the decision that met the NaN policy is named with what to do."""
+    from icml_jax.agents.agent import PolicyStateError
+
+    kernel = getattr(policies, head).kernel
+    kernel[...] = np.full(kernel[...].shape, np.nan, np.float32)
+    agent = MemoryAgent(policies, tokenizer, MemoryStore(), OfflineBackend(), config=CFG, seed=0)
+    agent.store.append("alice", NewFragment("e1", 0, 0, "i like my dog", "likes dog", "0"))
+    with pytest.raises(PolicyStateError, match=rf"{decision} decision alice/e1/0/1: the policy's probabilities are "
+                                               r"not finite .*diverged"):
+        agent.step("alice", "my dog is hungry", episode_id="e1", session=0, turn=1)

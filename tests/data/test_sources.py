@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from icml_jax.data.report import MalformedRecordError, MissingSourceFileError, ParseReport
+from icml_jax.data.report import MalformedFileError, MalformedRecordError, MissingSourceFileError, ParseReport
 from icml_jax.data.schema import Episode
 from icml_jax.data.sources import is_header_glitch, parse_cc, parse_gapchat, parse_msc_cc_style, parse_msc_parlai
 
@@ -228,7 +228,7 @@ def test_gapchat_bad_gap_count_and_broken_json(tmp_path: Path, fixtures: Path) -
     with pytest.raises(MalformedRecordError, match=r"record 0: 'gap' must hold 2\*\(sessions-1\) = 8 strings, got 7"):
         list(parse_gapchat(f))
     f.write_text('[\n  {"sessions": [}\n]')
-    with pytest.raises(MalformedRecordError, match=r"5_session\.json, line 2 column"):
+    with pytest.raises(MalformedFileError, match=r"5_session\.json, line 2 column"):
         parse_gapchat(f)
 
 

@@ -125,3 +125,39 @@ def test_per_request_mode_keeps_every_answer_that_came_back_before_a_failure(tmp
     assert [r.text for r in concurrent.generate(reqs(10))] == [f"p{i}|0.0" for i in range(10)]
     assert set(healthy.asked) == {f"p{i}" for i in range(10)} - set(failing.asked)  # nothing asked twice
     assert healthy.calls == len(healthy.asked)  # one request a call
+
+
+def test_the_cache_lives_in_the_llm_layer():
+    """The synthesis caches its requests too: the cache is `icml_jax.llm.cache`, re-exported here unchanged."""
+    import inspect
+
+    from icml_jax.evaluation import cache as eval_cache
+    from icml_jax.llm import cache as llm_cache
+
+    assert (eval_cache.CachedBackend, eval_cache.ResponseCache, eval_cache.request_key) == \
+        (llm_cache.CachedBackend, llm_cache.ResponseCache, llm_cache.request_key)
+    assert "icml_jax.evaluation" not in inspect.getsource(llm_cache)  # the llm layer imports nothing above it
+
+
+@pytest.mark.parametrize("per_request", [False, True])
+def test_generate_each_stores_the_answers_and_hands_back_the_failures(tmp_path, per_request):
+    from icml_jax.llm.cache import CachedBackend as LLMCachedBackend
+    from icml_jax.llm.types import BackendError
+
+    class FailsP3(Counting):
+        def generate(self, requests):
+            if any(r.prompt == "p3" for r in requests):
+                raise BackendError("counting", 4, 4, "HTTP 503 UNAVAILABLE", True)
+            return super().generate(requests)
+
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    failing = FailsP3()
+    cached = LLMCachedBackend(failing, cache, "ns", chunk=4, per_request=per_request, in_flight=3)
+    out = cached.generate_each(reqs(10) + reqs(4))  # p0-p3 twice: asked once, the failure shared
+    assert isinstance(out[3], BackendError) and out[13] is out[3] and "HTTP 503" in str(out[3])
+    assert [o.text for i, o in enumerate(out[:10]) if i != 3] == [f"p{i}|0.0" for i in range(10) if i != 3]
+    assert len(cache) == 9 and cached.failures == 1 and (cached.hits, cached.misses) == (4, 10)
+    assert cached.answered["calls"] == 12  # the answers handed out (the failure costs nothing)
+    healthy = Counting()
+    again = LLMCachedBackend(healthy, cache, "ns", chunk=4, per_request=per_request).generate_each(reqs(10))
+    assert [o.text for o in again] == [f"p{i}|0.0" for i in range(10)] and set(healthy.asked) == {"p3"}

@@ -1,9 +1,12 @@
-"""A loopback HTTP server that speaks Gemini's `models/{model}:generateContent` REST shape, with faults."""
+"""A loopback HTTP server that speaks Gemini's `models/{model}:generateContent` REST shape, with faults: scripted
+(`push`), per request (`responder`), or drawn at a seeded rate (`inject_faults`: 429 with Retry-After, 500, stalls,
+malformed bodies)."""
 
 from __future__ import annotations
 
 import collections
 import json
+import random
 import re
 import threading
 import time
@@ -22,9 +25,10 @@ def ok(text: str, prompt_tokens: int = 11, output_tokens: int = 5) -> dict[str, 
     return {"kind": "ok", "text": text, "prompt_tokens": prompt_tokens, "output_tokens": output_tokens}
 
 
-def status(code: int, message: str = "fault", extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """An HTTP error with Google's error body."""
-    return {"kind": "status", "code": code, "message": message, "extra": extra or {}}
+def status(code: int, message: str = "fault", extra: dict[str, Any] | None = None,
+           headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """An HTTP error with Google's error body (and extra response headers, e.g. Retry-After)."""
+    return {"kind": "status", "code": code, "message": message, "extra": extra or {}, "headers": headers or {}}
 
 
 def slow(seconds: float, then: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -35,6 +39,13 @@ def slow(seconds: float, then: dict[str, Any] | None = None) -> dict[str, Any]:
 def bad_body() -> dict[str, Any]:
     """HTTP 200 with a body that is not JSON."""
     return {"kind": "bad_body"}
+
+
+def fault_mix(stall_s: float = 1.0, retry_after_s: float = 0.0) -> tuple[dict[str, Any], ...]:
+    """One of each fault a quota-limited, flaky endpoint gives: 429 with Retry-After, 500, 503, a stall of
+    `stall_s` (past a short client timeout) and a malformed 200 body."""
+    return (status(429, "quota", headers={"Retry-After": f"{retry_after_s:g}"}), status(500, "internal"),
+            status(503, "unavailable"), slow(stall_s), bad_body())
 
 
 class FakeGemini:
@@ -50,12 +61,17 @@ class FakeGemini:
         self.max_inflight = 0
         self.delay_s = 0.0
         self.port = 0
+        self.fault_rate = 0.0
+        self.fault_actions: tuple[dict[str, Any], ...] = ()
+        self.fault_rng = random.Random(0)
+        self.faults_injected = 0
 
     # Action builders, reachable from tests through the fixture (no imports from conftest needed).
     ok = staticmethod(ok)
     status = staticmethod(status)
     slow = staticmethod(slow)
     bad_body = staticmethod(bad_body)
+    fault_mix = staticmethod(fault_mix)
 
     @property
     def base_url(self) -> str:
@@ -70,10 +86,20 @@ class FakeGemini:
         with self.lock:
             self.script.extend(actions)
 
+    def inject_faults(self, rate: float, actions: tuple[dict[str, Any], ...] | None = None, seed: int = 0) -> None:
+        """From now on answer each request not taken by the script with a fault drawn from `actions` (default
+        `fault_mix()`) with probability `rate` (seeded; the draw order follows the arrival order)."""
+        with self.lock:
+            self.fault_rate, self.fault_actions = rate, tuple(actions or fault_mix())
+            self.fault_rng = random.Random(seed)
+
     def next_action(self, body: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
             if self.script:
                 return self.script.popleft()
+            if self.fault_rate and self.fault_rng.random() < self.fault_rate:
+                self.faults_injected += 1
+                return self.fault_rng.choice(self.fault_actions)
         if self.responder is not None:
             return self.responder(body)
         return self.default
@@ -86,11 +112,13 @@ def _handler(state: FakeGemini) -> type[BaseHTTPRequestHandler]:
         def log_message(self, *args: Any) -> None:  # keep pytest output clean
             pass
 
-        def _send(self, code: int, payload: bytes) -> None:
+        def _send(self, code: int, payload: bytes, headers: dict[str, str] | None = None) -> None:
             try:
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json; charset=UTF-8")
                 self.send_header("Content-Length", str(len(payload)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(payload)
             except (BrokenPipeError, ConnectionResetError):
@@ -106,7 +134,9 @@ def _handler(state: FakeGemini) -> type[BaseHTTPRequestHandler]:
             body = json.loads(raw or b"{}")
             with state.lock:
                 state.requests.append(
-                    {"path": self.path, "model": m.group(2), "body": body, "api_key": self.headers.get("x-goog-api-key")}
+                    {"path": self.path, "model": m.group(2), "body": body,
+                     "api_key": self.headers.get("x-goog-api-key"),
+                     "server_timeout": self.headers.get("x-server-timeout")}  # the client's deadline, whole seconds
                 )
                 state.inflight += 1
                 state.max_inflight = max(state.max_inflight, state.inflight)
@@ -139,7 +169,7 @@ def _handler(state: FakeGemini) -> type[BaseHTTPRequestHandler]:
                     names = {400: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}
                     err = {"code": code, "message": action["message"], "status": names.get(code, "UNKNOWN")}
                     err.update(action["extra"])
-                    self._send(code, json.dumps({"error": err}).encode())
+                    self._send(code, json.dumps({"error": err}).encode(), action.get("headers"))
                 elif action["kind"] == "bad_body":
                     self._send(200, b'{"candidates": [ {"content": ')
                 else:  # pragma: no cover - test bug

@@ -125,8 +125,22 @@ def test_offline_generic_json_follows_schema_and_counts_tokens():
     assert r.parsed == {"n": 3, "s": ""}
     assert t.text.startswith("offline answer") and t.parsed is None
     assert be.usage.calls == 2 and be.usage.prompt_tokens == 5
-    with pytest.raises(ValueError, match="no options"):
-        make_backend({"kind": "offline", "model": "x"})
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['modle'\] for the 'offline' back end; it takes "
+                                         "no options"):
+        make_backend({"kind": "offline", "modle": "x"})  # a typo: no back end takes it
+
+
+def test_a_block_switched_to_another_kind_drops_the_old_kinds_options_with_a_warning(caplog):
+    """`--config.llm.judge.kind=offline` on a Gemini block: the Gemini knobs stay in the block; offline ignores
+    them, saying which (issue 16: this failed when the stage started)."""
+    from icml_jax.llm.offline import OfflineBackend
+    from icml_jax.llm.registry import check_backend
+
+    block = {"kind": "offline", "model": "gemini-2.5-flash", "timeout_s": 60.0, "thinking_budget": None}
+    assert isinstance(make_backend(block), OfflineBackend)
+    assert "kind 'offline' ignores the other back ends' option(s) ['model', 'timeout_s']" in caplog.text
+    with pytest.raises(ValueError, match=r"config.llm.judge: GeminiConfig: RetryPolicy.max_attempts must be >= 1"):
+        check_backend({"kind": "gemini", "model": "m", "max_attempts": 0}, "config.llm.judge")
 
 
 @pytest.mark.parametrize(

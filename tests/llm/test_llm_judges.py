@@ -141,6 +141,32 @@ def test_backend_errors_propagate_from_judges():
         ProxyJudge(FailingBackend([])).judge([ProxyInput("x")])
 
 
+class FlakyBackend(ScriptedBackend):
+    """Fails for good (a BackendError) every request whose prompt mentions FAIL; answers the others in order."""
+
+    def generate(self, requests):
+        if any("FAIL" in r.prompt for r in requests):
+            raise BackendError("flaky", 9, 9, "HTTP 429 after a minute of retries", True)
+        return super().generate(requests)
+
+
+def test_a_judge_in_record_mode_counts_a_failed_request_and_skips_it():
+    """The evaluation's judges: a request that exhausted its retries is a recorded judge failure (not asked again,
+    never a score); the other items of the batch keep their verdicts. The default mode still raises."""
+    items = [QualityInput([], "hi", "reply one", None), QualityInput([], "hi", "FAIL reply", None),
+             QualityInput([], "hi", "reply three", None)]
+    judge = QualityJudge(FlakyBackend([_quality(**ALL4), _quality(**ALL4)]), backend_failures="record")
+    ok1, bad, ok3 = judge.judge(items)
+    assert ok1.ok and ok3.ok and ok1.dimensions == ALL4
+    assert bad.score is None and bad.failure.startswith("back end: flaky back end") and "HTTP 429" in bad.failure
+    assert judge.stats.backend_failures == 1 and judge.stats.failures == 1 and judge.stats.items == 3
+    assert judge.metrics()["judge/quality/backend_failures"] == 1.0
+    with pytest.raises(BackendError, match="HTTP 429"):
+        QualityJudge(FlakyBackend([_quality(**ALL4)] * 3)).judge(items)
+    with pytest.raises(ValueError, match="backend_failures must be 'raise' or 'record'"):
+        ProxyJudge(FlakyBackend([]), backend_failures="ignore")
+
+
 def test_offline_judges_use_labels():
     be = OfflineBackend()
     proxy = ProxyJudge(be)

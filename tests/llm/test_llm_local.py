@@ -98,3 +98,15 @@ def test_max_output_tokens_caps_every_request(model_dir, monkeypatch):
     assert budgets == [3, 3, 2]
     with pytest.raises(ValueError, match="max_output_tokens must be >= 1"):
         make_backend({"kind": "local", "model_dir": str(model_dir), "max_output_tokens": 0})
+
+
+def test_generate_each_answers_as_generate(model_dir):
+    """The local back end has no generate_each of its own: the batch goes through generate in one call."""
+    from icml_jax.llm.generation import generate_each
+
+    backend = make_backend({"kind": "local", "model_dir": str(model_dir), "dtype": "float32"})
+    requests = [LLMRequest("hello how are you", max_output_tokens=4),
+                LLMRequest("what do you eat", max_output_tokens=4)]
+    texts = lambda out: [(r.text, r.prompt_tokens, r.output_tokens) for r in out]  # noqa: E731 - not latency
+    assert texts(generate_each(backend, requests)) == texts(backend.generate(requests))
+    assert backend.usage.calls == 4

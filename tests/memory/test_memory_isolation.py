@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import io
+import re
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, multiple, rule
 
-from icml_jax.memory import MemoryStore, NewFragment
+from icml_jax.memory import MemoryStore, MemoryStoreError, NewFragment, fragment_id_for
 
 USERS = [f"user-{i}" for i in range(6)] + ["", "x"]  # "" is rejected; the rest are distinct users
 REAL_USERS = [u for u in USERS if u]
@@ -37,10 +39,15 @@ class IsolationMachine(RuleBasedStateMachine):
     )
     def append(self, user, episode, turn, words):
         text = " ".join(words)
+        held = self.model[user].get(fragment_id_for(user, episode, 0, turn))
+        if held is not None and held != text:  # another source turn under a stored id: refused, nothing written
+            with pytest.raises(MemoryStoreError, match=re.escape(f"user {user!r} already has memory")):
+                self.store.append(user, NewFragment(episode, 0, turn, text, text, "v0"))
+            return multiple()
         frag = self.store.append(user, NewFragment(episode, 0, turn, text, text, "v0"))
         assert frag.user_id == user
         self.model[user].setdefault(frag.fragment_id, frag.text)
-        assert frag.text == self.model[user][frag.fragment_id]  # duplicates keep the first text
+        assert frag.text == self.model[user][frag.fragment_id]  # a replayed turn keeps the first fragment
         return (user, frag.fragment_id)
 
     @rule(owned=ids, reader=st.sampled_from(REAL_USERS))

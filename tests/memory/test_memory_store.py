@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import json
@@ -64,10 +65,22 @@ def test_append_get_list_delete(store):
 
 def test_same_source_turn_is_idempotent(store):
     first = store.append("u", _draft(3, "first note"))
-    again = store.append("u", _draft(3, "another note"))
+    replayed = dataclasses.replace(_draft(3, "a note condensed differently"), source_text=first.source_text)
+    again = store.append("u", replayed)  # a step replayed after a crash: the committed fragment stays
     assert again == first and store.count("u") == 1
     other_user = store.append("v", _draft(3, "first note"))
     assert other_user.fragment_id != first.fragment_id
+
+
+def test_another_turn_under_a_stored_id_is_refused_not_dropped(store):
+    """Two writers in one session give two source turns one id: the second is an error, never silently lost."""
+    first = store.append("u", _draft(3, "first note"))
+    with pytest.raises(MemoryStoreError) as err:
+        store.append_many("u", [_draft(4, "fine"), _draft(3, "another turn")])
+    message = str(err.value)
+    assert f"memory store {store.path}: user 'u' already has memory {first.fragment_id}" in message
+    assert "session 0, turn 3" in message and "open_session" in message
+    assert store.fragments("u") == [first]  # all or nothing: turn 4 of the refused batch is not stored either
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from flax import nnx
 from icml_jax.memory.fragment import NewFragment
 from icml_jax.memory.store import MemoryStore
 from icml_jax.rl.checkpoint import (
+    CheckpointError,
     RunCheckpointer,
     load_memory_state,
     memory_state,
@@ -59,6 +60,49 @@ def test_a_half_written_step_is_never_listed(tmp_path):
         assert ckpt.restore() is None and ckpt.restore_state() is None
     with pytest.raises(ValueError, match="keep must be a positive int"):
         RunCheckpointer(tmp_path / "x", keep=0)
+
+
+@pytest.mark.parametrize("damage", ["state_json", "arrays_missing"])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one_saying_so(tmp_path, damage, caplog):
+    """Before: a bare JSONDecodeError on every resume. Now: the newest step that restores, the damaged one moved
+    aside with a warning naming it and the error, and the run can save that step again."""
+    directory = tmp_path / "checkpoints"
+    with RunCheckpointer(directory, keep=3, async_save=False) as ckpt:
+        for step in (2, 4, 6):
+            ckpt.save(step, _arrays(step), {"step": step})
+        ckpt.wait()
+    if damage == "state_json":
+        (directory / "6" / "state" / "metadata").write_text('{"step": 6, "trunc')
+    else:
+        for f in (directory / "6" / "arrays").rglob("*"):
+            if f.is_file() and f.parent.name == "d":
+                f.unlink()
+    with RunCheckpointer(directory, keep=3, async_save=False) as ckpt:
+        step, arrays, state = ckpt.restore_newest()
+        assert (step, state) == (4, {"step": 4})
+        np.testing.assert_array_equal(arrays["params"]["head/kernel"], _arrays(4)["params"]["head/kernel"])
+        assert len(ckpt.skipped) == 1 and "checkpoint step 6 does not restore" in ckpt.skipped[0]
+        assert ckpt.skipped[0] in caplog.text
+        assert ckpt.all_steps() == [2, 4] and (tmp_path / "checkpoints.unrestorable" / "6").is_dir()
+        ckpt.save(6, _arrays(6), {"step": 6})  # the resumed run writes that step again
+        ckpt.wait()
+        assert ckpt.restore_newest(arrays=False)[::2] == (6, {"step": 6}) and ckpt.skipped == []
+
+
+def test_when_no_checkpoint_restores_the_error_lists_each_and_nothing_is_moved(tmp_path):
+    directory = tmp_path / "checkpoints"
+    with RunCheckpointer(directory, keep=2, async_save=False) as ckpt:
+        for step in (1, 2):
+            ckpt.save(step, _arrays(step), {"step": step})
+        ckpt.wait()
+    for step in (1, 2):
+        (directory / str(step) / "state" / "metadata").write_text("not json")
+    with RunCheckpointer(directory, keep=2) as ckpt:
+        with pytest.raises(CheckpointError, match=r"no checkpoint in .* restores \(step 2: .*; step 1: .*\); move"):
+            ckpt.restore_newest()
+        assert ckpt.all_steps() == [1, 2]
+    with RunCheckpointer(tmp_path / "empty") as ckpt:
+        assert ckpt.restore_newest() is None
 
 
 def test_memory_state_round_trip_replaces_the_store():

@@ -162,7 +162,7 @@ def test_skip_nonfinite_keeps_old_state_and_counts_under_jit():
 
     @jax.jit
     def step(params, opt_state, num_skipped, loss, grads):
-        return guarded_apply(tx, loss, grads, params, opt_state, num_skipped)
+        return guarded_apply(tx, loss, grads, params, opt_state, num_skipped)[:4]
 
     opt_state, n = tx.init(params), jnp.int32(0)
     good = {"lora": jnp.ones(3), "value_head": jnp.ones(2)}
@@ -189,3 +189,13 @@ def test_skip_nonfinite_catches_overflowing_new_params():
     out = skip_nonfinite(jnp.float32(0.0), {"w": jnp.zeros(1)}, p, (), new, (), 5)
     assert bool(out.skipped) and int(out.num_skipped) == 6
     np.testing.assert_array_equal(out.params["w"], p["w"])
+
+
+def test_guarded_step_reports_the_parameter_and_update_norms():
+    """The norms the divergence checks read: of the parameters before the step and of the proposed change."""
+    params = {"a": jnp.array([3.0, 4.0]), "b": jnp.array([0.0], jnp.bfloat16)}
+    new = {"a": jnp.array([3.0, 5.0]), "b": jnp.array([2.0], jnp.bfloat16)}
+    out = skip_nonfinite(jnp.float32(0.0), params, params, (), new, (), 0)
+    assert not bool(out.skipped)
+    np.testing.assert_allclose(float(out.param_norm), 5.0)
+    np.testing.assert_allclose(float(out.update_norm), np.sqrt(1.0 + 4.0))

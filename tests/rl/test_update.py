@@ -16,7 +16,7 @@ from flax import nnx
 from icml_jax.agents.policy import TRAINABLE, MemoryPolicies, planner_evaluate, trainable_group, trigger_evaluate
 from icml_jax.models.decoder import Decoder
 from icml_jax.models.lora import FROZEN
-from icml_jax.rl import JointUpdater, OldStats, PPOConfig, Slot, collate, ppo_step
+from icml_jax.rl import DivergenceConfig, DivergenceError, JointUpdater, OldStats, PPOConfig, Slot, collate, ppo_step
 from icml_jax.agents.tiny import tiny_model_config
 from tests.rl.conftest import randomize_trainable, random_items
 
@@ -157,7 +157,7 @@ def test_gradients_reach_only_adapters_and_heads_with_the_right_learning_rate(lo
 
 def test_nonfinite_loss_skips_the_step_and_is_counted(lora_kit):
     policies = lora_kit.clone()
-    updater = JointUpdater(policies, CFG)
+    updater = JointUpdater(policies, CFG, DivergenceConfig(max_consecutive_skips=0))  # the guard alone
     bad = minibatches(lora_kit.vocab, sizes=(4,))[0]
     bad = bad._replace(planner=bad.planner._replace(advantages=np.full(4, np.nan, np.float32)))
     before = flat(nnx.state(policies, TRAINABLE))
@@ -171,6 +171,26 @@ def test_nonfinite_loss_skips_the_step_and_is_counted(lora_kit):
     good = updater.run(minibatches(lora_kit.vocab, sizes=(4,), seed=1), np.random.default_rng(0))
     assert good.skipped == 0 and int(updater.num_skipped) == CFG.epochs
     assert all(np.isfinite(v).all() for v in flat(nnx.state(policies, TRAINABLE)).values())
+
+
+def test_a_parameter_explosion_stops_the_update_naming_the_step_or_is_rolled_back(lora_kit):
+    """lr 1e30 sends the adapters to ~1e30: finite, so the NaN guard lets it through; the norm check does not."""
+    exploding = dataclasses.replace(CFG, actor_lr=1e30, critic_lr=1e30)
+    policies = lora_kit.clone()
+    batches = minibatches(lora_kit.vocab, sizes=(4,))
+    before = flat(nnx.state(policies, TRAINABLE))
+    with pytest.raises(DivergenceError, match=r"online PPO update diverged at step 1: the update's norm .* x the "
+                                              r"parameter norm .*actor_lr"):
+        JointUpdater(policies, exploding).run(batches, np.random.default_rng(0))
+    updater = JointUpdater(policies, exploding, DivergenceConfig(action="rollback"))
+    opt_before = jax.tree.map(np.array, updater.opt_state)
+    result = updater.run(batches, np.random.default_rng(0))
+    assert result.rolled_back and updater.monitor.rollbacks == 1 and result.metrics()["update/rolled_back"] == 1.0
+    after = flat(nnx.state(policies, TRAINABLE))
+    for key in before:  # the diverged update never happened
+        np.testing.assert_array_equal(after[key], before[key])
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.array, updater.opt_state), opt_before)
+    assert int(updater.num_skipped) == 0
 
 
 def heads_only(vocab: int) -> MemoryPolicies:

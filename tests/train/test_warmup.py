@@ -19,6 +19,8 @@ from icml_jax.models import lora
 from icml_jax.synthesis import SynthesisConfig, load_expert_data, synthesize
 from icml_jax.synthesis import default_config as synthesis_default_config
 from icml_jax.train import WarmupConfig, load_warmup, read_warmup_metadata, supervised, warmup
+from icml_jax.rl.divergence import DivergenceConfig, DivergenceError
+from icml_jax.train.checkpoint import flat_trainable
 from tests.train.conftest import make_policies
 
 SEEDS = (0, 1, 2)
@@ -225,6 +227,25 @@ def test_warmup_shows_a_bar_over_its_steps(runs, world_tokenizer, capsys):
     err = capsys.readouterr().err
     assert "warm-up steps" in err and f"0/{result.steps}" in err
     assert result.compilations == {"planner_step": 1, "trigger_step": 1, **scorers}
+
+
+def test_a_diverging_warmup_stops_naming_the_step_or_rolls_back_every_diverged_window(runs, world_tokenizer):
+    """lr 1e30: the first step sends the adapters to ~1e30 (finite, so the NaN guard alone would let the run go on
+    skipping every later step). 'stop' fails at step 1; 'rollback' restores the last good state each window."""
+    _, template, root = runs[0]
+    exploding = dataclasses.replace(CONFIG, epochs=1, learning_rate=1e30, batch_size=32, log_every=4)
+    policies = make_policies(len(world_tokenizer), backbone_seed=0, seed=0, template=template)
+    before = {k: np.array(v.get_value()) for k, v in flat_trainable(policies).items()}
+    with pytest.raises(DivergenceError, match=r"warm-up diverged at step 1: the update's norm .* x the "
+                                              r"parameter norm .*\((planner|trigger) step\).*learning_rate"):
+        warmup(exploding, policies, world_tokenizer, root / "data", None)
+    rollback = dataclasses.replace(exploding, divergence=DivergenceConfig(action="rollback", max_rollbacks=1000))
+    result = warmup(rollback, policies, world_tokenizer, root / "data", None)
+    windows = -(-result.steps // rollback.log_every)
+    assert result.rollbacks == windows and all(row["rolled_back"] == 1.0 for row in result.history)
+    for key, value in flat_trainable(policies).items():  # every window was undone
+        np.testing.assert_array_equal(np.array(value.get_value()), before[key], err_msg=key)
+    # (the rollback budget, max_rollbacks, is checked on the monitor itself: tests/rl/test_divergence.py)
 
 
 def test_expert_planner_rewards_are_on_the_online_training_scale():

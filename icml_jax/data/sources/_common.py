@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import json
 import os
 from collections.abc import Iterator
 from typing import Any
 
-from icml_jax.data.report import MalformedRecordError, MissingSourceFileError, ParseReport
+from icml_jax.data.report import MalformedFileError, MissingSourceFileError, ParseReport
 from icml_jax.data.schema import Session, Turn
 
 
@@ -24,32 +25,102 @@ def require_file(path: str | os.PathLike[str], *, dataset: str, what: str, where
     return p
 
 
+_WIDE_BOMS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+_RESAVE = "re-save the file as UTF-8"
+
+
+def check_utf8_start(path: str, head: bytes) -> None:
+    """Raises MalformedFileError when a file starts like UTF-16/32 or binary (a wide BOM or a NUL byte).
+
+    No JSON text in UTF-8 holds a raw NUL byte, so such a file has no record that could be read or skipped.
+    """
+    for bom, name in _WIDE_BOMS:  # UTF-32 first: its little-endian BOM begins with UTF-16's
+        if head.startswith(bom):
+            raise MalformedFileError(path, "byte 0", f"not UTF-8: starts with a {name} byte-order mark; {_RESAVE}")
+    nul = head.find(b"\0")
+    if nul >= 0:
+        raise MalformedFileError(
+            path, f"byte {nul}", f"not UTF-8 text: has a NUL byte (UTF-16 without a byte-order mark, or binary); "
+            f"{_RESAVE}"
+        )
+
+
+def _utf8_reason(e: UnicodeDecodeError, data: bytes, offset: int) -> str:
+    """Why ``data`` is not UTF-8, with the bad byte and its byte offset in the file (``offset`` = data's start)."""
+    return (
+        f"not valid UTF-8 ({e.reason}: byte 0x{data[e.start]:02x} at byte offset {offset + e.start} of the file); "
+        f"{_RESAVE}"
+    )
+
+
+def read_utf8(path: str) -> str:
+    """The whole file as text (a leading UTF-8 BOM dropped); MalformedFileError names the line and byte if not UTF-8."""
+    with open(path, "rb") as f:
+        data = f.read()
+    check_utf8_start(path, data[:4096])
+    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return data[bom:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, bom + e.start) + 1
+        raise MalformedFileError(path, f"line {line}", _utf8_reason(e, data[bom:], bom)) from None
+
+
+def _load_json_text(path: str) -> Any:
+    """Parses a file holding one JSON value; not UTF-8 or not JSON is a MalformedFileError (nothing to skip)."""
+    text = read_utf8(path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise MalformedFileError(path, f"line {e.lineno} column {e.colno}", f"not valid JSON: {e.msg}") from None
+
+
 def iter_json_records(path: str, report: ParseReport, *, skip_malformed: bool) -> Iterator[tuple[int, str, Any]]:
     """Yields (record_index, location, obj) from a JSON Lines file or a file holding one JSON list.
 
     The format is detected from the first non-blank character ('[' = JSON list). JSON Lines locations are
     "line N" (1-based); JSON list locations are "record i" (0-based index in the list). A JSON Lines line
-    that is not valid JSON is malformed; a JSON list file that does not parse is always an error (there is
-    no record to skip), naming the line and column.
+    that is not valid JSON or not UTF-8 is malformed (skipped and counted with ``skip_malformed``); a file
+    that is not UTF-8 at all (a UTF-16/32 byte-order mark, NUL bytes, or no line that decodes) and a JSON
+    list file that does not parse are always errors (MalformedFileError), naming the line and byte.
     """
-    with open(path, encoding="utf-8") as f:
-        head = f.read(4096).lstrip()
-        f.seek(0)
-        if head.startswith("["):
-            try:
-                records = json.load(f)
-            except json.JSONDecodeError as e:
-                raise MalformedRecordError(path, f"line {e.lineno} column {e.colno}", f"not valid JSON: {e.msg}")
-            for i, rec in enumerate(records):
-                report.records_read += 1
-                yield i, f"record {i}", rec
-            return
-        index = 0
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    check_utf8_start(path, head)
+    if head.removeprefix(codecs.BOM_UTF8).lstrip().startswith(b"["):
+        records = _load_json_text(path)
+        for i, rec in enumerate(records):
+            report.records_read += 1
+            yield i, f"record {i}", rec
+        return
+    index = 0
+    offset = 0  # byte offset of the current line in the file
+    first_bad: tuple[str, str] | None = None  # (location, reason) of the first line that is not UTF-8
+    bad_lines, decoded_any = 0, False
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            line_offset, offset = offset, offset + len(raw)
+            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw, line_offset = raw[len(codecs.BOM_UTF8) :], line_offset + len(codecs.BOM_UTF8)
+            if not raw.strip():
                 report.blank_lines += 1
                 continue
             report.records_read += 1
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                reason = _utf8_reason(e, raw, line_offset)
+                bad_lines += 1
+                first_bad = first_bad or (f"line {lineno}", reason)
+                report.malformed(path, f"line {lineno}", reason, skip=skip_malformed)
+                index += 1
+                continue
+            decoded_any = True
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
@@ -58,17 +129,16 @@ def iter_json_records(path: str, report: ParseReport, *, skip_malformed: bool) -
                 continue
             yield index, f"line {lineno}", rec
             index += 1
+    if first_bad is not None and not decoded_any:  # only reached when skipping: every line was skipped
+        location, reason = first_bad
+        raise MalformedFileError(path, location, f"none of its {bad_lines} non-blank lines is UTF-8; first: {reason}")
 
 
 def load_json_list(path: str) -> list[Any]:
-    """Loads a file that must hold one JSON list; errors name the file and the line/column."""
-    with open(path, encoding="utf-8") as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise MalformedRecordError(path, f"line {e.lineno} column {e.colno}", f"not valid JSON: {e.msg}")
+    """Loads a file that must hold one JSON list; errors name the file and the line/column or byte."""
+    data = _load_json_text(path)
     if not isinstance(data, list):
-        raise MalformedRecordError(path, "top level", f"expected a JSON list of episodes, got {type(data).__name__}")
+        raise MalformedFileError(path, "top level", f"expected a JSON list of episodes, got {type(data).__name__}")
     return data
 
 
