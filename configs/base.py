@@ -90,6 +90,7 @@ def get_config() -> ml_collections.ConfigDict:
         note_max_tokens=128,  # length cap of a memory note (online, and the expert data's via the synthesis)
         planner_rule="policy",  # ablations: policy | save_all ("without Planner": every turn saved, not trained)
         trigger_rule="policy",  # ablations: policy | lexical ("without Trigger": BM25 top-1, not trained)
+        supersede_candidates=3,  # similar memories a save may replace (superseded: kept in history, not recalled)
         divergence=DivergenceConfig().to_dict(),  # when a PPO update counts as diverged (rl.divergence)
     ))
     config.synthesis.note_max_tokens = config.learner.get_ref("note_max_tokens")

@@ -6,7 +6,7 @@ checkpoint `<workdir>/warmup`), and chats as one user whose memories persist acr
 "chat"), numbered by the store in one transaction (`MemoryStore.open_session`: one more than any session recorded
 or stored for the user), so two chats of one user running at once get different sessions and the fragment ids
 of different runs never collide. Decisions are greedy, so a given state always gives the same chat. Commands:
-/memories, /forget ID, /why, /help, /quit. A line that is not valid UTF-8 is rejected with one error line and the
+/memories, /history ID, /forget ID, /why, /help, /quit. A line that is not valid UTF-8 is rejected with one error line and the
 chat goes on; a damaged checkpoint stops the chat before it starts with one `chat error:` line (status 2).
 """
 
@@ -17,6 +17,7 @@ import dataclasses
 import io
 import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -32,8 +33,9 @@ POLICY_DIR = job.POLICY_DIR
 WARMUP_DIR = "warmup"
 MEMORY_DB = Path("chat") / "memory.sqlite"
 HELP = """commands:
-  /memories   list your memories (id, session/turn, text)
-  /forget ID  delete one of your memories
+  /memories   list your memories (id, session/turn, text; replaced ones marked)
+  /history ID how one of your memories changed (added, updated, replaced by which memory, when)
+  /forget ID  delete one of your memories (and its history)
   /why        explain the last reply (memory used, with what probability; whether the turn was saved)
   /help       this help
   /quit       leave (Ctrl-D works too)"""
@@ -149,6 +151,7 @@ def load_model(workdir: str | Path) -> ChatModel:
         reply_temperature=float(learner.get("reply_temperature", 0.7)),
         reply_max_tokens=int(learner.get("reply_max_tokens", 256)),
         note_max_tokens=int(learner.get("note_max_tokens", 128)),
+        supersede_candidates=int(learner.get("supersede_candidates", 3)),
         policy_version=str(meta.get("policy_version", checkpoint.name)))
     speakers = (str(world.get("user_speaker", "user")), str(world.get("assistant_speaker", "assistant")))
     return ChatModel(workdir, checkpoint, note, policies, tokenizer, generator, agent_config, speakers)
@@ -215,7 +218,15 @@ class ChatSession:
             frags = self.store.fragments(self.user_id)
             if not frags:
                 return f"no memories for {self.user_id!r}"
-            return "\n".join(f"{f.fragment_id}  s{f.session}/t{f.turn}  {f.text}" for f in frags)
+            return "\n".join(f"{f.fragment_id}  s{f.session}/t{f.turn}  {f.text}"
+                             + (f"  [replaced by {f.superseded_by}]" if f.superseded_by else "") for f in frags)
+        if name == "/history":
+            if not arg:
+                return "usage: /history ID (ids are listed by /memories)"
+            events = self.store.history(self.user_id, arg)
+            if not events:
+                return f"no memory {arg} for {self.user_id!r}"
+            return "\n".join(_event_line(e) for e in events)
         if name == "/forget":
             if not arg:
                 return "usage: /forget ID (ids are listed by /memories)"
@@ -225,6 +236,16 @@ class ChatSession:
         if name == "/why":
             return self.last_receipt.summary() if self.last_receipt else "nothing to explain yet: say something first"
         return f"unknown command {name!r}; /help lists the commands"
+
+
+def _event_line(event: Any) -> str:
+    """One line of a memory's history: when, what happened, by which decision, the text then."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.at))
+    what = event.event
+    if event.event == "supersede":
+        what = f"replaced by {event.detail.get('superseded_by')}"
+    by = f" ({event.by})" if event.by else ""
+    return f"{when}  {what}{by}: {event.text}"
 
 
 QUIT = ("/quit", "/exit")

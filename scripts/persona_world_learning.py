@@ -13,6 +13,9 @@ before and after training, the online (training-time) curve per window of sessio
     # duplicate saves with and without stored memories in the Planner's observation (docs/fidelity.md)
     python scripts/persona_world_learning.py --seeds 0 1 2 --restatements 4 --planner_memories 0
     python scripts/persona_world_learning.py --seeds 0 1 2 --restatements 4 --planner_memories 2
+    # facts that change: stale recall and update accuracy without / with supersede (docs/memory_truth.md)
+    python scripts/persona_world_learning.py --seeds 0 1 2 --supersede_candidates 0
+    python scripts/persona_world_learning.py --seeds 0 1 2 --supersede_candidates 3
 
 The offline judges read the world's labels: they are oracles, so these numbers show that the learner can learn
 from its rewards, not how well a real judge would teach it.
@@ -43,6 +46,8 @@ def main() -> None:
                         help="facts said again per episode (saving one again is a duplicate save)")
     parser.add_argument("--planner_memories", type=int, default=None,
                         help="stored memories shown to the Planner (default: the observation's, 2)")
+    parser.add_argument("--supersede_candidates", type=int, default=None,
+                        help="similar memories a save may replace (default: the learner's, 3; 0: append only)")
     args = parser.parse_args()
 
     all_margins = []
@@ -51,10 +56,11 @@ def main() -> None:
     world = dataclasses.replace(base.world, restatements=args.restatements)
     observation = base.observation if args.planner_memories is None else dataclasses.replace(
         base.observation, planner_memories=args.planner_memories)
-    duplicates = []
+    duplicates, truth = [], []
+    supersede = base.supersede_candidates if args.supersede_candidates is None else args.supersede_candidates
     for seed in args.seeds:
         config = dataclasses.replace(
-            base, ppo=ppo, seed=seed, world=world, observation=observation, train_episodes=args.episodes,
+            base, ppo=ppo, seed=seed, supersede_candidates=supersede, world=world, observation=observation, train_episodes=args.episodes,
             eval_episodes=args.eval_episodes,
             eval_every=args.eval_every, greedy_eval=args.greedy_eval,
             lora=LoraConfig(rank=args.lora_rank, alpha=2.0 * args.lora_rank) if args.lora_rank else None)
@@ -86,6 +92,14 @@ def main() -> None:
               f"({b['eval/duplicate_save_rate']:.3f} of saves) -> after {a['eval/duplicate_saves']:.0f} "
               f"({a['eval/duplicate_save_rate']:.3f}); online {online['online/duplicate_saves']:.0f} "
               f"({online['online/duplicate_save_rate']:.3f})")
+        truth.append([b["eval/stale_recall_rate"], a["eval/stale_recall_rate"],
+                      b["eval/stale_recall_rate_update_saved"], a["eval/stale_recall_rate_update_saved"],
+                      b["eval/update_accuracy"], a["eval/update_accuracy"], b["eval/trigger_recall"],
+                      a["eval/trigger_recall"]])
+        print(f"facts that change (supersede_candidates {supersede}): stale recall {truth[-1][0]:.3f} -> "
+              f"{truth[-1][1]:.3f} of {a['eval/stale_queries']:.0f} queries with an overwritten value ("
+              f"{truth[-1][2]:.3f} -> {truth[-1][3]:.3f} where the update was saved); update accuracy "
+              f"{truth[-1][4]:.3f} -> {truth[-1][5]:.3f}")
         m = P.margins(result)
         all_margins.append(m)
         print("margins (after - before): " + ", ".join(f"{k.split('/')[1]} {v:+.3f}" for k, v in m.items())
@@ -94,6 +108,13 @@ def main() -> None:
         d = np.array(duplicates)
         print(f"duplicate saves over seeds {args.seeds}: held-out after {d[:, 1].tolist()} (mean {d[:, 1].mean():.1f}, "
               f"rate {d[:, 3].mean():.3f}), online {d[:, 2].tolist()} (mean {d[:, 2].mean():.1f})")
+        t = np.array(truth, dtype=float)
+        names = ("stale recall before", "stale recall after", "stale recall (update saved) before",
+                 "stale recall (update saved) after", "update accuracy before", "update accuracy after",
+                 "trigger recall before", "trigger recall after")
+        print(f"facts that change, supersede_candidates {supersede}, mean +- sd over seeds {args.seeds}: "
+              + "; ".join(f"{n} {np.nanmean(t[:, i]):.3f} +- {np.nanstd(t[:, i], ddof=1):.3f}"
+                          for i, n in enumerate(names)))
         for key in all_margins[0]:
             values = [m[key] for m in all_margins]
             print(f"{key.split('/')[1]}: min {min(values):+.3f} mean {np.mean(values):+.3f} over seeds {args.seeds}")

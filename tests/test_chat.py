@@ -354,3 +354,39 @@ def test_a_session_is_allocated_by_the_store(tmp_path):
         first.command(f"/forget {first.last_receipt.fragment.fragment_id}")
     with stub_session(tmp_path, "olga") as second, stub_session(tmp_path, "olga") as third:
         assert (second.session, third.session) == (2, 3) and second.store.count("olga") == 0
+
+
+def test_the_memory_api_on_a_trained_policy_saves_and_its_trigger_leads_search(workdir):
+    """`icml_jax.memory.Memory(workdir=...)` on this module's trained run: the Planner's saves, the Trigger's
+    pick first in search (issue 18)."""
+    from icml_jax.memory import Memory
+
+    with Memory(":memory:", workdir=workdir) as m:
+        out = m.add([{"role": "user", "content": FACT}, {"role": "assistant", "content": "Noted."},
+                     {"role": "user", "content": OTHER}], user_id="alice")
+        assert [(r["memory"], r["event"]) for r in out["results"]] == [(FACT, "ADD"), (OTHER, "ADD")]
+        fact, other = m.store.fragments("alice")
+        assert (fact.decision_id, other.decision_id) == ("alice/api/1/0/planner", "alice/api/1/2/planner")
+        assert m.store.history("alice", fact.fragment_id)[0].by == "alice/api/1/0/planner"
+        hits = m.search(QUERY, "alice")["results"]
+        assert hits[0]["id"] == fact.fragment_id and hits[0]["trigger_prob"] > 0.5
+        assert [h["score"] for h in hits] == [0.0, 0.0]  # no word in common: BM25 alone would put OTHER first
+        assert m.search(QUERY, "bob") == {"results": []} and m.get(fact.fragment_id, user_id="bob") is None
+
+
+def test_history_and_memories_show_a_superseded_memory_and_its_replacement(tmp_path):
+    """Issue 18: `/history ID` lists a memory's versions (added, replaced by which memory, by which decision);
+    `/memories` marks a replaced one; the receipt of the save that replaced it says so."""
+    from icml_jax.memory import NewFragment
+
+    session = stub_session(tmp_path, "alice")
+    old, new = session.store.append_many("alice", [
+        NewFragment("chat", 1, 0, "I live in Paris.", "Lives in Paris.", "0"),
+        NewFragment("chat", 2, 0, "I moved to Berlin.", "Lives in Berlin.", "0", decision_id="alice/chat/2/0/planner")])
+    session.store.supersede("alice", [old.fragment_id], new.fragment_id, by=new.decision_id)
+    lines = session.command(f"/history {old.fragment_id}").splitlines()
+    assert len(lines) == 2 and lines[0].endswith("add: Lives in Paris.")
+    assert f"replaced by {new.fragment_id} (alice/chat/2/0/planner): Lives in Paris." in lines[1]
+    assert f"[replaced by {new.fragment_id}]" in session.command("/memories")
+    assert session.command("/history m_nope") == "no memory m_nope for 'alice'"
+    assert stub_session(tmp_path, "bob").command(f"/history {old.fragment_id}").startswith("no memory")

@@ -91,6 +91,21 @@ def test_demo_runs_end_to_end(tmp_path, monkeypatch):
     assert job.run(config, tmp_path, out=again) == job.json_safe(summary)  # as progress.json keeps it
     assert read_metrics(tmp_path) == rows and "per session" in again.getvalue()
 
+    # issue 18: forgetting a user of this real run leaves none of their memories in any file of the workdir
+    from icml_jax import erasure
+    from icml_jax.rl.checkpoint import RunCheckpointer
+
+    with RunCheckpointer(tmp_path / job.CHECKPOINT_DIR) as ckpt:
+        memory = ckpt.restore_state()[1]["memory"]
+    user = sorted(memory)[0]
+    ids = [json.loads(line)["fragment_id"] for line in memory[user].splitlines()]
+    assert ids and any(i.encode() in p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() for i in ids)
+    erasure.forget_user(tmp_path, user)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and any(i.encode() in p.read_bytes() for i in ids)]
+    with RunCheckpointer(tmp_path / job.CHECKPOINT_DIR) as ckpt:  # the rewritten checkpoint still restores
+        state = ckpt.restore()[2]
+    assert user not in state["memory"] and len(state["memory"]) == len(memory) - 1
+
 
 def test_workdir_of_another_config_is_refused(tmp_path):
     config = tiny_demo()

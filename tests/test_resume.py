@@ -88,11 +88,17 @@ def _strip(value):
 
 
 def _final_state(workdir: Path) -> tuple[dict, dict]:
-    """(arrays, JSON state) of the run's last checkpoint, memory stores without creation times."""
+    """(arrays, JSON state) of the run's last checkpoint, memory stores without their wall-clock times (creation,
+    supersede, each history event's)."""
     with RunCheckpointer(workdir / job.CHECKPOINT_DIR) as ckpt:
         step, arrays, state = ckpt.restore()
-    memory = {user: [{k: v for k, v in json.loads(line).items() if k != "created_at"}
-                     for line in text.splitlines()] for user, text in state["memory"].items()}
+
+    def timeless(record: dict) -> dict:
+        events = [{k: v for k, v in e.items() if k != "at"} for e in record.get("events", [])]
+        return {**{k: v for k, v in record.items() if k not in ("created_at", "valid_to")}, "events": events}
+
+    memory = {user: [timeless(json.loads(line)) for line in text.splitlines()]
+              for user, text in state["memory"].items()}
     return arrays, {**state, "memory": memory, "step": step, "metrics_bytes": None}
 
 

@@ -76,12 +76,20 @@ class Receipt:
     fragment: Fragment | None
     policy_version: str
 
+    @property
+    def replaced(self) -> tuple[tuple[str, str, int, int], ...]:
+        """(fragment id, episode, session, turn) of each memory this turn's save superseded."""
+        items = self.fragment.extra.get("replaces", ()) if self.fragment is not None else ()
+        return tuple((x["id"], *x["ref"]) for x in items)
+
     def summary(self) -> str:
         """A one-paragraph human explanation (the chat's `/why`)."""
         used = (f"used memory {self.memory_used.fragment_id} ({self.trigger.prob:.0%}): {self.memory_used.text!r}"
                 if self.memory_used else f"used no memory ({self.trigger.prob:.0%} for 'none')")
         saved = (f"saved this turn as {self.fragment.fragment_id} (p_save {self.planner.prob_save:.0%})"
                  if self.fragment else f"did not save this turn (p_save {self.planner.prob_save:.0%})")
+        if self.replaced:
+            saved += f", replacing {', '.join(r[0] for r in self.replaced)} (kept in /history)"
         return f"{used}; {len(self.trigger.candidate_ids)} candidate(s) considered; {saved}."
 
 
@@ -98,6 +106,9 @@ class AgentConfig:
     # ablations (Table 2): a rule instead of a learned policy; its decisions are never trained on
     planner_rule: str = "policy"  # policy | save_all (every turn the agent acts on is saved)
     trigger_rule: str = "policy"  # policy | lexical (the BM25-best memory when any word overlaps, else none)
+    # a save shows the writer this many of the user's most similar current memories, which the new note may
+    # replace (they leave the Trigger's candidates, kept in the history); 0: memories are only ever appended
+    supersede_candidates: int = 3
 
     def __post_init__(self) -> None:
         t = self.reply_temperature
@@ -107,6 +118,9 @@ class AgentConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"AgentConfig.{name} must be a positive int, got {v!r}")
+        k = self.supersede_candidates
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"AgentConfig.supersede_candidates must be an int >= 0 (0: off), got {k!r}")
         if self.planner_rule not in PLANNER_RULES or self.trigger_rule not in TRIGGER_RULES:
             raise ValueError(f"AgentConfig: planner_rule {self.planner_rule!r} not in {PLANNER_RULES} or "
                              f"trigger_rule {self.trigger_rule!r} not in {TRIGGER_RULES}")
@@ -242,14 +256,17 @@ class MemoryAgent:
         episode_id: str = "chat",
         session: int = 0,
         turn: int = 0,
+        label: Mapping[str, Any] | None = None,
     ) -> tuple[PlannerDecision, Fragment | None]:
-        """The Planner's save decision for `utterance` and, when it saves, the stored memory."""
+        """The Planner's save decision for `utterance` and, when it saves, the stored memory. `label`: the turn's
+        labels where the data has them (persona world: `fact`, `supersedes`), kept with the memory; only the
+        offline back end reads them (to answer as a labelled writer would)."""
         cfg = self.config
         graphdef, state = nnx.split(self.policies)
         base = f"{user_id}/{episode_id}/{session}/{turn}"
         shown: list[str] = []
         if cfg.observation.planner_memories:  # M_k before this turn's save, the most similar few
-            frags = self.store.fragments(user_id)
+            frags = self.store.fragments(user_id, current_only=True)
             shown = [frags[i].text for i in obs.planner_memory_indices(
                 utterance, [f"{f.text} {f.source_text}" for f in frags], cfg.observation)]
         if cfg.planner_rule == "save_all":  # the "without Planner" rule: nothing is scored
@@ -267,10 +284,12 @@ class MemoryAgent:
 
         fragment = None
         if planner.save:
+            extra = {"label": dict(label)} if label else {}
             (fragment,) = save_turns(
                 self.store, self.condenser, user_id,
-                [TurnToSave(episode_id, session, turn, utterance, tuple(history), planner.decision_id)],
-                policy_version=cfg.policy_version, note_max_tokens=cfg.note_max_tokens)
+                [TurnToSave(episode_id, session, turn, utterance, tuple(history), planner.decision_id, extra)],
+                policy_version=cfg.policy_version, note_max_tokens=cfg.note_max_tokens,
+                supersede=cfg.supersede_candidates)
         return planner, fragment
 
     def step(
@@ -283,11 +302,12 @@ class MemoryAgent:
         session: int = 0,
         turn: int = 0,
         metadata: Mapping[str, Any] | None = None,
+        label: Mapping[str, Any] | None = None,
     ) -> tuple[str, Receipt]:
         """Runs one turn for `user_id` (`respond`, then `remember`) and returns (reply, receipt)."""
         where = dict(history=history, episode_id=episode_id, session=session, turn=turn)
         trigger, used, reply = self.respond(user_id, utterance, metadata=metadata, **where)
-        planner, fragment = self.remember(user_id, utterance, **where)
+        planner, fragment = self.remember(user_id, utterance, label=label, **where)
         receipt = Receipt(user_id, episode_id, session, turn, utterance, reply.text, trigger, planner, used,
                           fragment, self.config.policy_version)
         return reply.text, receipt

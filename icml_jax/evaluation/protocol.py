@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from icml_jax.data.protocol import Target, final_session_targets
 from icml_jax.data.schema import Episode
-from icml_jax.rl.learner import SessionCounts, session_counts
+from icml_jax.rl.learner import SessionCounts, memory_label, session_counts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +97,8 @@ class PolicyAgent:
         where = dict(history=tuple(history), episode_id=episode.episode_id, session=session, turn=turn)
         decision, used = self.agent.choose_memory(user_id, utterance, **where)
         start = time.perf_counter()
-        planner, _ = self.agent.remember(user_id, utterance, **where)
+        label = memory_label(episode.sessions[session].turns[turn])
+        planner, _ = self.agent.remember(user_id, utterance, label=label, **where)
         return self._choice(decision, used), planner.save, 1e3 * (time.perf_counter() - start)
 
     def answer(self, user_id, episode, targets, histories):
@@ -117,7 +118,7 @@ class PolicyAgent:
                 for r, (choice, ms) in zip(replies, chosen, strict=True)]
 
     def memory_texts(self, user_id):
-        return [f.text for f in self.agent.store.fragments(user_id)]
+        return [f.text for f in self.agent.store.fragments(user_id, current_only=True)]
 
 
 class LearningAgent(PolicyAgent):

@@ -67,6 +67,7 @@ class PersonaRunConfig:
                                minibatch_size=4)
     reward: RewardConfig = RewardConfig(save_cost=0.5)
     update_every: int = 1
+    supersede_candidates: int = 3  # 0: memories are only appended (the "without supersede" arm)
 
 
 @dataclasses.dataclass
@@ -102,7 +103,8 @@ def build_learner(config: PersonaRunConfig, tokenizer_dir: Path) -> tuple[Online
         policies, tokenizer, MemoryStore(), backend,
         proxy_judge=ProxyJudge(backend), quality_judge=QualityJudge(backend),
         config=LearnerConfig(ppo=config.ppo, reward=config.reward, update_every=config.update_every,
-                             seed=config.seed, agent=AgentConfig(observation=config.observation)))
+                             seed=config.seed, agent=AgentConfig(observation=config.observation,
+                                                                 supersede_candidates=config.supersede_candidates)))
     return learner, tokenizer
 
 
@@ -114,7 +116,7 @@ def run_persona_world(config: PersonaRunConfig, *, log: Callable[[str], None] | 
                                  start_index=EVAL_OFFSET)
     with tempfile.TemporaryDirectory() as tmp:
         learner, tokenizer = build_learner(config, Path(tmp))
-    agent_cfg = AgentConfig(observation=config.observation)
+    agent_cfg = AgentConfig(observation=config.observation, supersede_candidates=config.supersede_candidates)
     curve, eval_sessions, updates = [], [], []
 
     def checkpoint(seen: int) -> None:

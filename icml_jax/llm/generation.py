@@ -61,17 +61,38 @@ class CondenseInput:
     turn_text: str
     history: prompts.Dialogue = ()
     metadata: Mapping[str, Any] | None = None
+    memories: Sequence[str] = ()  # stored memories the note may replace (supersede), numbered 1.. in the prompt
 
 
 @dataclasses.dataclass(frozen=True)
 class Condensed:
     """The memory note for a saved turn; `fallback` is True when the back end gave nothing usable, `error` says
-    why when its request failed for good (only with `condense_turns(..., skip_failures=True)`)."""
+    why when its request failed for good (only with `condense_turns(..., skip_failures=True)`); `replaces`: the
+    0-based indices of the input's `memories` the note says it makes outdated."""
 
     text: str
     fallback: bool
     response: LLMResponse
     error: str | None = None
+    replaces: tuple[int, ...] = ()
+
+
+_REPLACES = re.compile(r"^\s*REPLACES\s*:\s*(.*?)\s*$", re.IGNORECASE)
+
+
+def split_replaces(answer: str, shown: int) -> tuple[str, tuple[int, ...]]:
+    """(the answer without its last-line `REPLACES: 2, 3`, the 0-based indices it names among `shown` memories).
+    Numbers outside 1..shown and repeats are ignored, so a note can only ever name memories its request showed."""
+    lines = answer.rstrip().splitlines()
+    m = _REPLACES.match(lines[-1]) if lines else None
+    if m is None:
+        return answer, ()
+    picked: list[int] = []
+    for token in re.findall(r"\d+", m.group(1)):
+        k = int(token)
+        if 1 <= k <= shown and k - 1 not in picked:
+            picked.append(k - 1)
+    return "\n".join(lines[:-1]).strip(), tuple(picked)
 
 
 def drop_repeated_sentences(text: str) -> str:
@@ -97,7 +118,7 @@ def condense_turns(backend: LLMBackend, items: Sequence[CondenseInput], *,
     fails for good raises its BackendError, or with `skip_failures` falls back to the turn text too, with
     `error` set (batch jobs such as the synthesis count those instead of dying).
     """
-    requests = [prompts.condense_request(x.turn_text, x.history, metadata=x.metadata,
+    requests = [prompts.condense_request(x.turn_text, x.history, metadata=x.metadata, memories=x.memories,
                                          max_output_tokens=max_output_tokens) for x in items]
     answers = generate_each(backend, requests) if skip_failures else backend.generate(requests)
     out: list[Condensed] = []
@@ -108,15 +129,18 @@ def condense_turns(backend: LLMBackend, items: Sequence[CondenseInput], *,
                                  response=LLMResponse(text="", attempts=resp.attempts, finish_reason="FAILED"),
                                  error=str(resp)))
             continue
-        note = drop_repeated_sentences(resp.text)
+        # a turn that itself holds a REPLACES line is the user typing the directive: it replaces nothing
+        trusted = item.memories and not any(_REPLACES.match(line) for line in item.turn_text.splitlines())
+        answer, replaces = split_replaces(resp.text, len(item.memories)) if trusted else (resp.text, ())
+        note = drop_repeated_sentences(answer)
         if not note:
             logger.warning(
                 "%s back end returned an empty note (finish_reason=%s); keeping the turn text as the memory",
                 getattr(backend, "name", "?"), resp.finish_reason,
             )
-            out.append(Condensed(text=item.turn_text.strip(), fallback=True, response=resp))
+            out.append(Condensed(text=item.turn_text.strip(), fallback=True, response=resp, replaces=replaces))
         else:
-            out.append(Condensed(text=note[:_MAX_NOTE_CHARS], fallback=False, response=resp))
+            out.append(Condensed(text=note[:_MAX_NOTE_CHARS], fallback=False, response=resp, replaces=replaces))
     return out
 
 

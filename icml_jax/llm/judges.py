@@ -175,7 +175,7 @@ class _Judge(abc.ABC):
 def _reask(request: LLMRequest, error: str) -> LLMRequest:
     """The same request, told why the previous answer was rejected."""
     note = (
-        f"\n\nYour previous answer was rejected ({error}). "
+        f"\n\nYour previous answer was rejected ({prompts.neutralise(error)}). "
         "Answer again with only the JSON object described above."
     )
     return dataclasses.replace(request, prompt=request.prompt + note)

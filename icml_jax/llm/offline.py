@@ -2,7 +2,9 @@
 
 It dispatches on `LLMRequest.task` and reads hints from `LLMRequest.metadata` (never from the prompt text, so
 prompts can change freely):
-- condense: returns `metadata['turn_text']` unchanged (the offline world keeps the turn text as the memory);
+- condense: returns `metadata['turn_text']` unchanged (the offline world keeps the turn text as the memory),
+  plus a `REPLACES:` line naming the shown memories whose label fact (`metadata['memory_facts']`) is the one the
+  turn overwrites (`metadata['supersedes']`): a writer that recognises every outdated fact (an oracle);
 - reply: a template reply that quotes `metadata['memory']` when one is given;
 - proxy_judge: `metadata['label']` (the turn's y_p, 0/1 or a value in [0, 1]) when present, else a lexical
   heuristic of self-disclosure and specific facts;
@@ -203,7 +205,10 @@ class OfflineBackend:
     def _answer(self, request: LLMRequest) -> str:
         md = request.metadata or {}
         if request.task == TASK_CONDENSE:
-            return str(md.get("turn_text", request.prompt)).strip()
+            note = str(md.get("turn_text", request.prompt)).strip()
+            old, facts = md.get("supersedes"), md.get("memory_facts") or ()
+            replaced = [str(i) for i, fact in enumerate(facts, 1) if old is not None and fact == old]
+            return note + (f"\nREPLACES: {', '.join(replaced)}" if replaced else "")
         if request.task == TASK_REPLY:
             utterance = str(md.get("utterance", "")).strip()
             memory = md.get("memory")

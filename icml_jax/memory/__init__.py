@@ -1,6 +1,8 @@
-"""Per-user long-term memory: fragments with provenance in SQLite, lexical prefilter, saving via condensation."""
+"""Per-user long-term memory: versioned fragments with provenance in SQLite, lexical prefilter, saving via
+condensation, and a Mem0-shaped API (`Memory`)."""
 
-from icml_jax.memory.fragment import Fragment, NewFragment, fragment_id_for
+from icml_jax.memory.api import Memory
+from icml_jax.memory.fragment import Fragment, MemoryEvent, NewFragment, fragment_id_for
 from icml_jax.memory.lexical import bm25_scores, most_similar, tokenize
 from icml_jax.memory.store import EXPORT_FORMAT, SCHEMA_VERSION, MemoryStore, MemoryStoreError
 from icml_jax.memory.writer import TurnToSave, save_turns
@@ -8,6 +10,8 @@ from icml_jax.memory.writer import TurnToSave, save_turns
 __all__ = [
     "EXPORT_FORMAT",
     "Fragment",
+    "Memory",
+    "MemoryEvent",
     "MemoryStore",
     "MemoryStoreError",
     "NewFragment",

@@ -1,4 +1,5 @@
-"""A memory fragment with its provenance, and the draft a caller hands to the store to create one."""
+"""A memory fragment with its provenance, the draft a caller hands to the store to create one, and the events
+that record every change of a fragment (its version history)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,11 @@ FRAGMENT_FIELDS: tuple[str, ...] = (
     "policy_version",
     "decision_id",
     "extra",
+    "superseded_by",
+    "valid_to",
 )
+EVENT_FIELDS: tuple[str, ...] = ("seq", "user_id", "fragment_id", "event", "at", "text", "by", "detail")
+EVENT_KINDS: tuple[str, ...] = ("add", "update", "supersede")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +57,13 @@ class Fragment:
     policy_version: str
     decision_id: str | None = None
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    superseded_by: str | None = None  # id of the newer fragment that made this one out of date (None: current)
+    valid_to: float | None = None  # store clock when it was superseded
+
+    @property
+    def current(self) -> bool:
+        """Whether no newer fragment supersedes this one (only current fragments are offered to the Trigger)."""
+        return self.superseded_by is None
 
     @property
     def ref(self) -> tuple[str, int, int]:
@@ -62,6 +74,30 @@ class Fragment:
         """A JSON-able dict of every field (the export record)."""
         d = {name: getattr(self, name) for name in FRAGMENT_FIELDS}
         d["extra"] = dict(self.extra)
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEvent:
+    """One change of a fragment: "add", "update" (detail: old_text) or "supersede" (detail: superseded_by).
+
+    `seq` orders a store's events (renumbered by import, which keeps their order); `text` is the fragment's note
+    after the event; `by` says who made the change: a decision id, "api", or None.
+    """
+
+    seq: int
+    user_id: str
+    fragment_id: str
+    event: str
+    at: float
+    text: str
+    by: str | None = None
+    detail: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict of every field."""
+        d = {name: getattr(self, name) for name in EVENT_FIELDS}
+        d["detail"] = dict(self.detail)
         return d
 
 

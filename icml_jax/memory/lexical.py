@@ -50,5 +50,9 @@ def most_similar(query: str, documents: Sequence[str], k: int) -> list[int]:
     if k <= 0 or not documents:
         return []
     scores = bm25_scores(query, documents)
-    ranked = sorted((i for i, s in enumerate(scores) if s > 0.0), key=lambda i: (-scores[i], -i))
-    return ranked[:k]
+    return [i for i in rank(scores) if scores[i] > 0.0][:k]
+
+
+def rank(scores: Sequence[float]) -> list[int]:
+    """Indices of `scores` best first; equal scores put the later index (the newer memory) first."""
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], -i))

@@ -1,8 +1,14 @@
 """MemoryStore: per-user memory fragments with provenance, persisted in SQLite.
 
-Isolation is structural: every read and delete takes the user id and filters on it in SQL, so no call can
+Isolation is structural: every read, change and delete takes the user id and filters on it in SQL, so no call can
 return another user's fragments. Every write runs in one transaction (BEGIN IMMEDIATE ... COMMIT) with
 synchronous=FULL, so a crash mid-write loses nothing committed and leaves no partial batch behind.
+
+Fragments are versioned: `update` rewrites a note, `supersede` marks notes made out of date by a newer one
+(they stay, with `superseded_by` / `valid_to`, but leave the Trigger's candidates), and every change is an event
+(`history`, `timeline`). Erasure is real: `delete` / `delete_user` remove the rows and their events with
+secure_delete on, then truncate the WAL, so no copy of an erased note stays in the database files (a warning
+says when another connection's read holds the WAL back: a later erasure or the last close clears it).
 
 Several processes may share one database file (WAL, busy timeout): `open_session` hands each writer its own
 session number, so the ids of their fragments, derived from (user, episode, session, turn), never collide; an id
@@ -12,23 +18,34 @@ already holding another source turn is refused (MemoryStoreError), never silentl
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from icml_jax.memory.fragment import FRAGMENT_FIELDS, Fragment, NewFragment, fragment_id_for, validate_new
-from icml_jax.memory.lexical import bm25_scores
+from icml_jax.memory.fragment import (
+    EVENT_KINDS,
+    FRAGMENT_FIELDS,
+    Fragment,
+    MemoryEvent,
+    NewFragment,
+    fragment_id_for,
+    validate_new,
+)
+from icml_jax.memory.lexical import bm25_scores, rank
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
-EXPORT_FORMAT = "icml_jax.memory.fragment/1"
+SCHEMA_VERSION = 3
+EXPORT_FORMAT = "icml_jax.memory.fragment/2"  # a fragment with its versions and events
+_FORMAT_V1 = "icml_jax.memory.fragment/1"  # before versions: still imported (current, one "add" event)
+_V1_FIELDS = tuple(f for f in FRAGMENT_FIELDS if f not in ("superseded_by", "valid_to"))
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS fragments (
@@ -57,8 +74,32 @@ CREATE TABLE IF NOT EXISTS sessions (
 );
 CREATE INDEX IF NOT EXISTS fragments_by_session ON fragments (user_id, episode_id, session);
 """
+# Every change of a fragment; the "add" events of fragments stored before version 3 are derived from their rows
+# (their text never changed before then). The column `actor` is MemoryEvent.by ("by" is an SQL keyword).
+_SCHEMA_V3 = """
+CREATE TABLE IF NOT EXISTS events (
+    seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+    user_id     TEXT    NOT NULL,
+    fragment_id TEXT    NOT NULL,
+    event       TEXT    NOT NULL,
+    at          REAL    NOT NULL,
+    text        TEXT    NOT NULL,
+    actor       TEXT,
+    detail      TEXT    NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS events_by_fragment ON events (user_id, fragment_id, seq);
+INSERT INTO events (user_id, fragment_id, event, at, text, actor, detail)
+    SELECT user_id, fragment_id, 'add', created_at, text, decision_id, '{}' FROM fragments AS f
+    WHERE NOT EXISTS (SELECT 1 FROM events AS e WHERE e.fragment_id = f.fragment_id)
+    ORDER BY created_at, seq
+"""
 # version -> the DDL that takes a database of the version before it there; every statement is idempotent.
-_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
+_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3}
+# version -> (table, column, type) added on the way there, before its DDL (skipped when present: idempotent too)
+_ADDED_COLUMNS: dict[int, tuple[tuple[str, str, str], ...]] = {
+    3: (("fragments", "superseded_by", "TEXT"), ("fragments", "valid_to", "REAL")),
+}
+_EVENT_COLUMNS = "seq, user_id, fragment_id, event, at, text, actor, detail"
 _WAL_RETRY_S = 0.02  # pause between attempts to switch a new database to WAL while another opener holds it
 _COLUMNS = ", ".join(FRAGMENT_FIELDS)
 _ORDER = "ORDER BY created_at, seq"
@@ -73,6 +114,18 @@ def _row_to_fragment(row: sqlite3.Row | tuple[Any, ...]) -> Fragment:
     d = dict(zip(FRAGMENT_FIELDS, tuple(row), strict=True))
     d["extra"] = json.loads(d["extra"])
     return Fragment(**d)
+
+
+def _row_to_event(row: sqlite3.Row | tuple[Any, ...]) -> MemoryEvent:
+    seq, user_id, fragment_id, event, at, text, actor, detail = tuple(row)
+    return MemoryEvent(seq, user_id, fragment_id, event, at, text, actor, json.loads(detail))
+
+
+def _record_event(event: MemoryEvent) -> dict[str, Any]:
+    """An event as an export record carries it (its user and fragment are the record's)."""
+    d = event.to_json()
+    del d["user_id"], d["fragment_id"]
+    return d
 
 
 def _check_user(user_id: str) -> None:
@@ -108,6 +161,9 @@ class MemoryStore:
             if not in_memory:
                 self._enable_wal(timeout_s)
             self._conn.execute("PRAGMA synchronous=FULL")
+            if self._conn.execute("PRAGMA secure_delete=ON").fetchone()[0] != 1:  # erased text is zeroed on disk
+                logger.warning("memory store %s: SQLite refused secure_delete; erased notes may stay on disk",
+                               self.path)
             with self._tx("open"):
                 self._migrate()
         except (sqlite3.Error, MemoryStoreError) as e:
@@ -151,6 +207,10 @@ class MemoryStore:
         if 0 < version < SCHEMA_VERSION:
             logger.info("memory store %s: upgrading schema %d -> %d", self.path, version, SCHEMA_VERSION)
         for target in range(version + 1, SCHEMA_VERSION + 1):
+            for table, column, decl in _ADDED_COLUMNS.get(target, ()):
+                present = {r[1] for r in self._conn.execute(f"PRAGMA table_info({table})")}
+                if column not in present:
+                    self._conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
             for stmt in filter(str.strip, _MIGRATIONS[target].split(";")):
                 self._conn.execute(stmt)
         if version != SCHEMA_VERSION:
@@ -174,9 +234,46 @@ class MemoryStore:
             except sqlite3.Error as e:
                 raise MemoryStoreError(f"memory store {self.path}: {op} failed ({e})") from e
 
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """One read transaction: the reads inside see one state of the database, whatever other writers do."""
+        with self._lock:
+            self._conn.execute("BEGIN")
+            try:
+                yield
+            finally:
+                self._conn.execute("COMMIT")
+
     def _query(self, sql: str, params: Sequence[Any]) -> list[Fragment]:
         with self._lock:
             return [_row_to_fragment(r) for r in self._conn.execute(sql, params).fetchall()]
+
+    def _events(self, sql: str, params: Sequence[Any]) -> list[MemoryEvent]:
+        with self._lock:
+            return [_row_to_event(r) for r in self._conn.execute(sql, params).fetchall()]
+
+    @staticmethod
+    def _insert_event(conn: sqlite3.Connection, user_id: str, fragment_id: str, event: str, at: float, text: str,
+                      by: str | None, detail: Mapping[str, Any]) -> None:
+        conn.execute(
+            "INSERT INTO events (user_id, fragment_id, event, at, text, actor, detail) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (user_id, fragment_id, event, float(at), text, by, json.dumps(dict(detail), allow_nan=False,
+                                                                           sort_keys=True)),
+        )
+
+    def _scrub(self, op: str) -> None:
+        """After an erasure: move the WAL into the database file and truncate it to zero bytes, so the erased
+        text (zeroed in the database by secure_delete) leaves no copy in `-wal` either."""
+        try:
+            busy = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        except sqlite3.Error as e:
+            busy, why = 1, str(e)
+        else:
+            why = "another connection is still reading"
+        if busy:
+            logger.warning("memory store %s: %s is committed, but its WAL could not be truncated (%s); the erased "
+                           "text stays in %s-wal until a later erasure or the last connection closes",
+                           self.path, op, why, self.path)
 
     def close(self) -> None:
         """Close the database (WAL is checkpointed)."""
@@ -191,12 +288,14 @@ class MemoryStore:
 
     # -- writes ------------------------------------------------------------------------------------
 
-    def append(self, user_id: str, draft: NewFragment) -> Fragment:
+    def append(self, user_id: str, draft: NewFragment, *, by: str | None = None) -> Fragment:
         """Store one fragment for `user_id` and return it (see append_many for the id and duplicates)."""
-        return self.append_many(user_id, [draft])[0]
+        return self.append_many(user_id, [draft], by=by)[0]
 
-    def append_many(self, user_id: str, drafts: Sequence[NewFragment]) -> list[Fragment]:
+    def append_many(self, user_id: str, drafts: Sequence[NewFragment], *, by: str | None = None) -> list[Fragment]:
         """Store fragments for `user_id` in one transaction, all or nothing; returns the stored fragments, in order.
+
+        Each new fragment gets an "add" event by `by` (default: its draft's decision_id), in the same transaction.
 
         The id is derived from (user, episode, session, turn), so saving the same source turn twice is
         idempotent: the fragment committed first is kept and returned, even when its note was condensed
@@ -230,6 +329,8 @@ class MemoryStore:
                     extra=dict(d.extra),
                 )
                 self._insert(conn, frag)
+                self._insert_event(conn, user_id, fid, "add", frag.created_at, frag.text,
+                                   d.decision_id if by is None else by, {})
                 out.append(frag)
         return out
 
@@ -277,19 +378,85 @@ class MemoryStore:
             f"INSERT INTO fragments ({_COLUMNS}) VALUES ({', '.join('?' * len(FRAGMENT_FIELDS))})", values
         )
 
-    def delete(self, user_id: str, fragment_id: str) -> bool:
-        """Forget one fragment of `user_id`; False when the user has no such fragment."""
+    def supersede(self, user_id: str, fragment_ids: Sequence[str], by_fragment_id: str, *,
+                  by: str | None = None) -> list[str]:
+        """Mark `user_id`'s current fragments `fragment_ids` as made out of date by `by_fragment_id` (valid_to: now).
+
+        One transaction, one "supersede" event each (by `by`). Ids that are unknown, another user's, already
+        superseded or `by_fragment_id` itself are skipped; returns the ids actually marked, in the order given.
+        ValueError when `by_fragment_id` is not a fragment of `user_id`.
+        """
         _check_user(user_id)
-        with self._tx("delete") as conn:
-            cur = conn.execute("DELETE FROM fragments WHERE user_id = ? AND fragment_id = ?", (user_id, fragment_id))
-            return cur.rowcount > 0
+        if isinstance(fragment_ids, str):
+            raise TypeError(f"memory store: fragment_ids must be a sequence of ids, not the string {fragment_ids!r}")
+        marked: list[str] = []
+        with self._tx(f"supersede by {by_fragment_id} for {user_id!r}") as conn:
+            newer = conn.execute("SELECT 1 FROM fragments WHERE user_id = ? AND fragment_id = ?",
+                                 (user_id, by_fragment_id)).fetchone()
+            if newer is None:
+                raise ValueError(f"memory store {self.path}: user {user_id!r} has no memory {by_fragment_id!r} to "
+                                 "supersede with; store the newer memory first")
+            at = float(self._clock())
+            for fid in dict.fromkeys(fragment_ids):
+                if fid == by_fragment_id:
+                    continue
+                row = conn.execute("SELECT text FROM fragments WHERE user_id = ? AND fragment_id = ? AND "
+                                   "superseded_by IS NULL", (user_id, fid)).fetchone()
+                if row is None:
+                    continue
+                conn.execute("UPDATE fragments SET superseded_by = ?, valid_to = ? WHERE user_id = ? AND "
+                             "fragment_id = ?", (by_fragment_id, at, user_id, fid))
+                self._insert_event(conn, user_id, fid, "supersede", at, row[0], by,
+                                   {"superseded_by": by_fragment_id})
+                marked.append(fid)
+        return marked
+
+    def update(self, user_id: str, fragment_id: str, text: str, *, by: str | None = None) -> Fragment | None:
+        """Replace the note of `user_id`'s fragment (an "update" event keeps the old text); None when the user has
+        no such fragment. The source turn (provenance) is unchanged; the same text again records nothing."""
+        _check_user(user_id)
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"memory store: the new text of {fragment_id!r} for {user_id!r} must be a non-empty "
+                             f"string, got {text!r}")
+        with self._tx(f"update of {fragment_id} for {user_id!r}") as conn:
+            row = conn.execute(f"SELECT {_COLUMNS} FROM fragments WHERE user_id = ? AND fragment_id = ?",
+                               (user_id, fragment_id)).fetchone()
+            if row is None:
+                return None
+            old = _row_to_fragment(row)
+            if old.text == text:
+                return old
+            conn.execute("UPDATE fragments SET text = ? WHERE user_id = ? AND fragment_id = ?",
+                         (text, user_id, fragment_id))
+            self._insert_event(conn, user_id, fragment_id, "update", float(self._clock()), text, by,
+                               {"old_text": old.text})
+        return dataclasses.replace(old, text=text)
+
+    def delete(self, user_id: str, fragment_id: str) -> bool:
+        """Erase one fragment of `user_id` and its events (no copy stays in the files); False when the user has
+        no such fragment. Fragments it superseded stay superseded."""
+        _check_user(user_id)
+        with self._lock:
+            with self._tx(f"delete of {fragment_id} for {user_id!r}") as conn:
+                conn.execute("DELETE FROM events WHERE user_id = ? AND fragment_id = ?", (user_id, fragment_id))
+                cur = conn.execute("DELETE FROM fragments WHERE user_id = ? AND fragment_id = ?",
+                                   (user_id, fragment_id))
+                gone = cur.rowcount > 0
+            if gone:
+                self._scrub(f"delete of {fragment_id} for {user_id!r}")
+        return gone
 
     def delete_user(self, user_id: str) -> int:
-        """Forget everything about `user_id` (fragments and session records); returns how many fragments went."""
+        """Erase everything about `user_id` (fragments, events, session records; no copy stays in the files);
+        returns how many fragments went."""
         _check_user(user_id)
-        with self._tx("delete_user") as conn:
-            conn.execute("DELETE FROM sessions WHERE user_id = ?", (user_id,))
-            return conn.execute("DELETE FROM fragments WHERE user_id = ?", (user_id,)).rowcount
+        with self._lock:
+            with self._tx(f"delete_user {user_id!r}") as conn:
+                conn.execute("DELETE FROM sessions WHERE user_id = ?", (user_id,))
+                conn.execute("DELETE FROM events WHERE user_id = ?", (user_id,))
+                n = conn.execute("DELETE FROM fragments WHERE user_id = ?", (user_id,)).rowcount
+            self._scrub(f"delete_user {user_id!r}")
+        return n
 
     # -- reads (always scoped to one user) -----------------------------------------------------------
 
@@ -302,12 +469,15 @@ class MemoryStore:
         return rows[0] if rows else None
 
     def fragments(
-        self, user_id: str, *, episode_id: str | None = None, session: int | None = None
+        self, user_id: str, *, episode_id: str | None = None, session: int | None = None, current_only: bool = False
     ) -> list[Fragment]:
-        """All fragments of `user_id` ordered by creation (the Trigger's memory M), optionally filtered."""
+        """All fragments of `user_id` ordered by creation, optionally filtered; `current_only`: without the
+        superseded ones (the Trigger's memory M)."""
         _check_user(user_id)
         sql = f"SELECT {_COLUMNS} FROM fragments WHERE user_id = ?"
         params: list[Any] = [user_id]
+        if current_only:
+            sql += " AND superseded_by IS NULL"
         if episode_id is not None:
             sql += " AND episode_id = ?"
             params.append(episode_id)
@@ -318,29 +488,39 @@ class MemoryStore:
 
     list = fragments  # "list" in the issue's vocabulary
 
-    def count(self, user_id: str) -> int:
-        """How many fragments `user_id` has."""
+    def count(self, user_id: str, *, current_only: bool = False) -> int:
+        """How many fragments `user_id` has, superseded ones included unless `current_only`."""
         _check_user(user_id)
+        current = " AND superseded_by IS NULL" if current_only else ""
         with self._lock:
-            return int(self._conn.execute("SELECT COUNT(*) FROM fragments WHERE user_id = ?", (user_id,)).fetchone()[0])
+            return int(self._conn.execute(f"SELECT COUNT(*) FROM fragments WHERE user_id = ?{current}",
+                                          (user_id,)).fetchone()[0])
 
     def top_k(self, user_id: str, query: str, k: int) -> list[Fragment]:
-        """Up to k of `user_id`'s fragments most lexically relevant to `query` (BM25 over note + source text).
+        """Up to k of `user_id`'s current fragments most lexically relevant to `query` (BM25 over note + source).
 
         Best first; ties (including no overlap at all) go to the most recent, so the result always has
-        min(k, count) fragments: a cap for the Trigger's candidate list, not a filter. Under the cap, all
-        fragments come back in creation order.
+        min(k, current count) fragments: a cap for the Trigger's candidate list, not a filter. Under the cap, all
+        current fragments come back in creation order.
         """
-        frags = self.fragments(user_id)
+        frags = self.fragments(user_id, current_only=True)
         return [frags[i] for i in self._top_indices(frags, query, k)]
 
     def candidates(self, user_id: str, query: str, max_candidates: int) -> list[Fragment]:
-        """The Trigger's memory list: top_k(query, max_candidates), in creation order.
+        """The Trigger's memory list: top_k(query, max_candidates), in creation order (superseded ones never).
 
         Creation order keeps a fragment's index stable from one turn to the next while nothing is capped.
         """
-        frags = self.fragments(user_id)
+        frags = self.fragments(user_id, current_only=True)
         return [frags[i] for i in sorted(self._top_indices(frags, query, max_candidates))]
+
+    def search(self, user_id: str, query: str, k: int | None = None) -> list[tuple[Fragment, float]]:
+        """`user_id`'s current fragments with their BM25 score for `query` (note + source text), best first (ties:
+        the most recent), at most `k` (None: all); zero scores (no word in common) included."""
+        frags = self.fragments(user_id, current_only=True)
+        scores = bm25_scores(query, [f"{f.text} {f.source_text}" for f in frags])
+        order = rank(scores) if k is None else rank(scores)[: max(0, k)]
+        return [(frags[i], scores[i]) for i in order]
 
     @staticmethod
     def _top_indices(frags: Sequence[Fragment], query: str, k: int) -> list[int]:
@@ -348,8 +528,18 @@ class MemoryStore:
             return []
         if len(frags) <= k:
             return list(range(len(frags)))
-        scores = bm25_scores(query, [f"{f.text} {f.source_text}" for f in frags])
-        return sorted(range(len(frags)), key=lambda i: (-scores[i], -i))[:k]
+        return rank(bm25_scores(query, [f"{f.text} {f.source_text}" for f in frags]))[:k]
+
+    def history(self, user_id: str, fragment_id: str) -> list[MemoryEvent]:
+        """Every change of `user_id`'s fragment, oldest first; [] when the user has no such fragment."""
+        _check_user(user_id)
+        return self._events(f"SELECT {_EVENT_COLUMNS} FROM events WHERE user_id = ? AND fragment_id = ? "
+                            "ORDER BY seq", (user_id, fragment_id))
+
+    def timeline(self, user_id: str) -> list[MemoryEvent]:
+        """Every change of every fragment of `user_id`, in the order they happened."""
+        _check_user(user_id)
+        return self._events(f"SELECT {_EVENT_COLUMNS} FROM events WHERE user_id = ? ORDER BY seq", (user_id,))
 
     def user_ids(self) -> list[str]:
         """Users that have at least one fragment (an admin listing; it returns no fragment)."""
@@ -359,9 +549,17 @@ class MemoryStore:
     # -- export / import (JSON Lines, one user at a time) --------------------------------------------
 
     def export_jsonl(self, user_id: str, dest: str | os.PathLike[str] | IO[str]) -> int:
-        """Write `user_id`'s fragments as JSON Lines (creation order); returns how many were written."""
-        frags = self.fragments(user_id)
-        lines = "".join(json.dumps({"format": EXPORT_FORMAT, **f.to_json()}, ensure_ascii=False) + "\n" for f in frags)
+        """Write `user_id`'s fragments as JSON Lines (creation order), each with its events; returns how many."""
+        with self._snapshot():
+            frags = self.fragments(user_id)
+            events: dict[str, list[dict[str, Any]]] = {}
+            for e in self.timeline(user_id):
+                events.setdefault(e.fragment_id, []).append(_record_event(e))
+        lines = "".join(
+            json.dumps({"format": EXPORT_FORMAT, **f.to_json(), "events": events.get(f.fragment_id, [])},
+                       ensure_ascii=False) + "\n"
+            for f in frags
+        )
         if hasattr(dest, "write"):
             dest.write(lines)  # type: ignore[union-attr]
         else:
@@ -371,10 +569,12 @@ class MemoryStore:
         return len(frags)
 
     def import_jsonl(self, user_id: str, src: str | os.PathLike[str] | IO[str]) -> int:
-        """Load fragments exported for `user_id`, all or nothing; returns how many were new.
+        """Load fragments exported for `user_id`, with their events, all or nothing; returns how many were new.
 
         Records of another user are refused (the error names the source and line). A fragment id already
-        present with identical content is skipped; with different content it is a conflict.
+        present with identical content is skipped (its events too); with different content it is a conflict.
+        Events keep their order (renumbered after this store's own). Records of format "/1" import as current
+        fragments with one "add" event derived from the record (their text never changed).
         """
         _check_user(user_id)
         if hasattr(src, "read"):
@@ -388,7 +588,8 @@ class MemoryStore:
         ]
         added = 0
         with self._tx(f"import of {name}") as conn:
-            for lineno, frag in records:
+            new_events: list[tuple[tuple[int, int, int], str, dict[str, Any]]] = []
+            for lineno, frag, events in records:
                 row = conn.execute(
                     f"SELECT {_COLUMNS} FROM fragments WHERE fragment_id = ? AND user_id = ?",
                     (frag.fragment_id, user_id),
@@ -403,32 +604,89 @@ class MemoryStore:
                     continue
                 self._insert(conn, frag)
                 added += 1
+                new_events += [((e["seq"], lineno, i), frag.fragment_id, e) for i, e in enumerate(events)]
+            for _, fid, e in sorted(new_events, key=lambda x: x[0]):
+                self._insert_event(conn, user_id, fid, e["event"], e["at"], e["text"], e["by"], e["detail"])
         return added
 
     @staticmethod
-    def _parse_record(user_id: str, name: str, lineno: int, line: str) -> tuple[int, Fragment]:
+    def _parse_record(user_id: str, name: str, lineno: int, line: str
+                      ) -> tuple[int, Fragment, list[dict[str, Any]]]:
+        """(line, fragment, its events) of one export line; MemoryStoreError naming the source and line."""
         where = f"memory import {name}:{lineno}"
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise MemoryStoreError(f"{where}: invalid JSON ({e.msg})") from e
-        if not isinstance(obj, dict) or obj.get("format") != EXPORT_FORMAT:
-            raise MemoryStoreError(f"{where}: not a fragment record of format {EXPORT_FORMAT!r}")
-        missing = [f for f in FRAGMENT_FIELDS if f not in obj]
+        if not isinstance(obj, dict) or obj.get("format") not in (EXPORT_FORMAT, _FORMAT_V1):
+            raise MemoryStoreError(f"{where}: not a fragment record of format {EXPORT_FORMAT!r} (or {_FORMAT_V1!r})")
+        v1 = obj["format"] == _FORMAT_V1
+        missing = [f for f in (_V1_FIELDS if v1 else (*FRAGMENT_FIELDS, "events")) if f not in obj]
         if missing:
             raise MemoryStoreError(f"{where}: missing field(s) {missing}")
         if obj["user_id"] != user_id:
             raise MemoryStoreError(f"{where}: record belongs to another user, refusing to import it for {user_id!r}")
+        fields = {f: obj.get(f) for f in FRAGMENT_FIELDS}
         try:
             if not isinstance(obj["extra"], dict):
                 raise ValueError("memory fragment: extra must be a JSON object")
-            if not isinstance(obj["created_at"], (int, float)) or isinstance(obj["created_at"], bool):
+            if not _is_number(obj["created_at"]):
                 raise ValueError("memory fragment: created_at must be a number")
             draft = NewFragment(**{f: obj[f] for f in _DRAFT_FIELDS})
             validate_new(user_id, draft)
+            _check_version(fields["superseded_by"], fields["valid_to"])
+            events = [_make_event(fields["created_at"], draft.text, draft.decision_id)] if v1 else _check_events(
+                obj["events"])
         except ValueError as e:
             raise MemoryStoreError(f"{where}: {e}") from e
         expected_id = fragment_id_for(user_id, draft.episode_id, draft.session, draft.turn)
         if obj["fragment_id"] != expected_id:
             raise MemoryStoreError(f"{where}: fragment_id {obj['fragment_id']!r} does not match its provenance")
-        return lineno, Fragment(**{f: obj[f] for f in FRAGMENT_FIELDS} | {"created_at": float(obj["created_at"])})
+        valid_to = fields["valid_to"]
+        fields |= {"created_at": float(obj["created_at"]), "valid_to": None if valid_to is None else float(valid_to)}
+        return lineno, Fragment(**fields), events
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check_version(superseded_by: Any, valid_to: Any) -> None:
+    """ValueError unless the record is current (both None) or superseded (an id and a time)."""
+    if superseded_by is None and valid_to is None:
+        return
+    if not (isinstance(superseded_by, str) and superseded_by and _is_number(valid_to)):
+        raise ValueError(f"memory fragment: superseded_by (an id) and valid_to (a number) go together, got "
+                         f"{superseded_by!r} and {valid_to!r}")
+
+
+def _make_event(at: float, text: str, by: str | None) -> dict[str, Any]:
+    """The "add" event of a record written before events existed (sorted before every recorded event)."""
+    return {"seq": -1, "event": "add", "at": float(at), "text": text, "by": by, "detail": {}}
+
+
+def _check_events(events: Any) -> list[dict[str, Any]]:
+    """The events of a "/2" record, checked field by field (ValueError naming the event and field)."""
+    if not isinstance(events, list):
+        raise ValueError("memory fragment: events must be a list")
+    out = []
+    for i, e in enumerate(events):
+        what = f"memory fragment: event {i}"
+        if not isinstance(e, dict):
+            raise ValueError(f"{what} must be a JSON object")
+        missing = [f for f in ("seq", "event", "at", "text", "by", "detail") if f not in e]
+        if missing:
+            raise ValueError(f"{what}: missing field(s) {missing}")
+        if isinstance(e["seq"], bool) or not isinstance(e["seq"], int):
+            raise ValueError(f"{what}: seq must be an int")
+        if e["event"] not in EVENT_KINDS:
+            raise ValueError(f"{what}: event must be one of {EVENT_KINDS}, got {e['event']!r}")
+        if not _is_number(e["at"]):
+            raise ValueError(f"{what}: at must be a number")
+        if not isinstance(e["text"], str) or not (e["by"] is None or isinstance(e["by"], str)):
+            raise ValueError(f"{what}: text must be a string and by a string or null")
+        if not isinstance(e["detail"], dict):
+            raise ValueError(f"{what}: detail must be a JSON object")
+        out.append({"seq": e["seq"], "event": e["event"], "at": float(e["at"]), "text": e["text"], "by": e["by"],
+                    "detail": e["detail"]})
+    return out

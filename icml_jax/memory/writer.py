@@ -1,4 +1,12 @@
-"""Saving turns: condense each saved user turn through an LLM back end, then append the notes to the store."""
+"""Saving turns: condense each saved user turn through an LLM back end, then append the notes to the store.
+
+Supersede (`supersede` > 0): the condense request also shows the user's most similar current memories, numbered;
+the writer may end its note with a line `REPLACES: 2, 3` naming the ones the new turn makes outdated ("I moved to
+Berlin" replaces "lives in Paris"). Only numbers of memories shown in that request count (a note cannot name any
+other memory, whatever the turn's text says); those memories stay in the store with `superseded_by` / `valid_to`
+and leave the Trigger's candidates. The offline back end answers from the turn's label (`label['supersedes']`,
+the persona world's overwritten fact) and the shown memories' labels.
+"""
 
 from __future__ import annotations
 
@@ -26,12 +34,25 @@ class TurnToSave:
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def condense(backend: LLMBackend, turns: Sequence[TurnToSave], *,
-             max_output_tokens: int = NOTE_MAX_TOKENS) -> list[Condensed]:
+def _label(extra: Mapping[str, Any]) -> Mapping[str, Any]:
+    label = extra.get("label")
+    return label if isinstance(label, Mapping) else {}
+
+
+def condense(backend: LLMBackend, turns: Sequence[TurnToSave], *, max_output_tokens: int = NOTE_MAX_TOKENS,
+             shown: Sequence[Sequence[Fragment]] | None = None) -> list[Condensed]:
     """The notes `save_turns` stores for `turns` (one batched back-end call). The synthesis condenses the expert
-    data's memories with it too, so the warm-up trains on the memories the Trigger sees online."""
-    return condense_turns(backend, [CondenseInput(t.text, t.history) for t in turns],
-                          max_output_tokens=max_output_tokens)
+    data's memories with it too, so the warm-up trains on the memories the Trigger sees online. `shown[i]`: the
+    stored memories turn i's request offers for replacement (supersede)."""
+    shown = shown or [()] * len(turns)
+    items = []
+    for t, mems in zip(turns, shown, strict=True):
+        metadata = None
+        if mems:  # the offline back end replaces from labels: the turn's overwritten fact, the memories' facts
+            metadata = {"supersedes": _label(t.extra).get("supersedes"),
+                        "memory_facts": [_label(m.extra).get("fact") for m in mems]}
+        items.append(CondenseInput(t.text, t.history, metadata=metadata, memories=tuple(m.text for m in mems)))
+    return condense_turns(backend, items, max_output_tokens=max_output_tokens)
 
 
 def save_turns(
@@ -42,19 +63,30 @@ def save_turns(
     *,
     policy_version: str,
     note_max_tokens: int = NOTE_MAX_TOKENS,
+    supersede: int = 0,
 ) -> list[Fragment]:
     """Condense `turns` (one batched back-end call, outside any DB lock) and append them in one transaction.
 
     The returned fragments are the save receipts: `fragment_id` keys the Pending Reward Buffer, `decision_id`
     points back at the save decision, `ref` matches y_t labels. A condensation that fell back to the turn text is
-    marked `extra['condense_fallback'] = True`.
+    marked `extra['condense_fallback'] = True`. With `supersede` > 0 the request shows that many of the user's
+    most similar current memories, and those the note replaces are superseded by the new fragment; they are
+    listed in its `extra['replaces']` ([{"id", "ref"}]).
     """
     if not turns:
         return []
-    condensed = condense(backend, turns, max_output_tokens=note_max_tokens)
-    drafts = []
-    for t, c in zip(turns, condensed, strict=True):
+    shown: list[list[Fragment]] = [[] for _ in turns]
+    if supersede > 0:
+        current = store.fragments(user_id, current_only=True)
+        if current:
+            shown = [[f for f in store.top_k(user_id, t.text, supersede) if f.superseded_by is None] for t in turns]
+    condensed = condense(backend, turns, max_output_tokens=note_max_tokens, shown=shown)
+    drafts, replaced = [], []
+    for t, c, mems in zip(turns, condensed, shown, strict=True):
         extra = dict(t.extra)
+        replaced.append([mems[k] for k in c.replaces])
+        if replaced[-1]:
+            extra["replaces"] = [{"id": f.fragment_id, "ref": list(f.ref)} for f in replaced[-1]]
         if c.fallback:
             extra["condense_fallback"] = True
         drafts.append(
@@ -69,4 +101,8 @@ def save_turns(
                 extra=extra,
             )
         )
-    return store.append_many(user_id, drafts)
+    fragments = store.append_many(user_id, drafts)
+    for frag, old in zip(fragments, replaced, strict=True):
+        if old:
+            store.supersede(user_id, [f.fragment_id for f in old], frag.fragment_id, by=frag.decision_id)
+    return fragments

@@ -73,7 +73,8 @@ def restore_policy_arrays(state: nnx.State, arrays: Mapping[str, Any], where: st
 
 
 def memory_state(store: MemoryStore) -> dict[str, str]:
-    """Every user's memory as its JSON Lines export (user id -> text), for a checkpoint's JSON item."""
+    """Every user's memory as its JSON Lines export (user id -> text), for a checkpoint's JSON item: each fragment
+    with its version (`superseded_by`, `valid_to`) and its events, so a resumed run has the same history."""
     out = {}
     for user in store.user_ids():
         buf = io.StringIO()
@@ -83,7 +84,8 @@ def memory_state(store: MemoryStore) -> dict[str, str]:
 
 
 def load_memory_state(store: MemoryStore, state: Mapping[str, str]) -> None:
-    """Replaces the store's contents with `memory_state` output (every user, all or nothing per user)."""
+    """Replaces the store's contents with `memory_state` output (every user, all or nothing per user); events keep
+    their order (renumbered by the store). Checkpoints written before versions (export format "/1") load too."""
     for user in store.user_ids():
         store.delete_user(user)
     for user, text in state.items():

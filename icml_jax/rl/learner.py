@@ -86,6 +86,12 @@ class SessionCounts:
     proxy_sum: float = 0.0  # proxy value of the turns (the Planner's immediate reward signal)
     proxy_n: int = 0
     duplicate_saves: int = 0  # saves of a fact (turn meta "fact") the agent had already saved in this episode
+    stale_queries: int = 0  # turns needing a fact whose older values were overwritten (meta "stale_facts")
+    stale_recalls: int = 0  # ... where a memory that reached the reply states an overwritten value
+    stale_queries_saved: int = 0  # stale queries whose current value the agent had saved (the update was kept)
+    stale_recalls_saved: int = 0  # ... where the overwritten value still reached the reply
+    updates: int = 0  # saved turns overwriting a fact (meta "supersedes") whose old value was saved before
+    updates_superseding: int = 0  # ... whose save superseded a memory of the old value
 
     def add(self, other: SessionCounts) -> None:
         """Accumulate another session's counts (pooling): every field but the session's identity."""
@@ -123,7 +129,22 @@ def pooled_metrics(counts: Iterable[SessionCounts], prefix: str = "labels") -> d
         f"{prefix}/reward_proxy": ratio(total.proxy_sum, total.proxy_n),
         f"{prefix}/duplicate_saves": float(total.duplicate_saves),
         f"{prefix}/duplicate_save_rate": ratio(total.duplicate_saves, total.saves),
+        # facts that change: recalling an overwritten value, and updates that retired the old memory
+        f"{prefix}/stale_recall_rate": ratio(total.stale_recalls, total.stale_queries),
+        # the same where the Planner kept the update: what superseding can fix (a missed update cannot be)
+        f"{prefix}/stale_recall_rate_update_saved": ratio(total.stale_recalls_saved, total.stale_queries_saved),
+        f"{prefix}/update_accuracy": ratio(total.updates_superseding, total.updates),
+        f"{prefix}/stale_queries": float(total.stale_queries),
     }
+
+
+LABEL_KEYS = ("fact", "supersedes")
+
+
+def memory_label(turn: Any) -> dict[str, Any] | None:
+    """The labels a saved memory keeps (persona world: the fact it states, the fact it overwrites), or None."""
+    label = {k: turn.meta[k] for k in LABEL_KEYS if k in (turn.meta or {})}
+    return label or None
 
 
 def session_counts(episode: Episode, receipts: Sequence[Receipt]) -> list[SessionCounts]:
@@ -133,6 +154,11 @@ def session_counts(episode: Episode, receipts: Sequence[Receipt]) -> list[Sessio
     out = [SessionCounts(episode.episode_id, s) for s in range(len(episode.sessions))]
     by_ref = {(r.session, r.turn): r for r in receipts}
     saved_facts: set[str] = set()
+
+    def fact_at(ref: Sequence[Any]) -> str | None:  # the fact a memory's source turn states
+        _, s_, t_ = ref
+        return episode.sessions[s_].turns[t_].meta.get("fact")
+
     for s, session in enumerate(episode.sessions):
         c = out[s]
         for t, turn in enumerate(session.turns):
@@ -145,6 +171,11 @@ def session_counts(episode: Episode, receipts: Sequence[Receipt]) -> list[Sessio
                     c.saves += 1
                     c.correct_saves += bool(turn.y_p)
                     fact = turn.meta.get("fact")
+                    old = turn.meta.get("supersedes")
+                    if old is not None and old in saved_facts:
+                        c.updates += 1
+                        c.updates_superseding += any(r[1] == episode.episode_id and fact_at(r[1:]) == old
+                                                     for r in getattr(receipt, "replaced", ()))
                     if fact is not None:
                         c.duplicate_saves += fact in saved_facts
                         saved_facts.add(fact)
@@ -154,6 +185,14 @@ def session_counts(episode: Episode, receipts: Sequence[Receipt]) -> list[Sessio
             for need in turn.y_t or ():
                 c.needed += 1
                 c.recalled += (episode.episode_id, need.session, need.turn) in refs
+            stale = turn.meta.get("stale_facts")
+            if stale and turn.y_t and receipt is not None:
+                recalled_stale = any(r[0] == episode.episode_id and fact_at(r) in stale for r in refs)
+                c.stale_queries += 1
+                c.stale_recalls += recalled_stale
+                if any(f in saved_facts for f in turn.gold_facts or ()):
+                    c.stale_queries_saved += 1
+                    c.stale_recalls_saved += recalled_stale
     return out
 
 
@@ -267,7 +306,7 @@ class OnlineLearner:
         ref = [episode.episode_id, session, turn]
         hist = tuple(history)
         reply, receipt = self.agent.step(user, item.text, history=hist, episode_id=episode.episode_id,
-                                         session=session, turn=turn)
+                                         session=session, turn=turn, label=memory_label(item))
         used = receipt.memory_used
         needed = None if item.y_t is None else [[episode.episode_id, r.session, r.turn] for r in item.y_t]
         (quality,) = self.quality_judge.judge([QualityInput(
@@ -493,7 +532,8 @@ def evaluate(
                 for t, turn in enumerate(session.turns):
                     if user_speaker is None or turn.speaker == user_speaker:
                         receipts.append(agent.step(episode.episode_id, turn.text, history=tuple(history),
-                                                   episode_id=episode.episode_id, session=s, turn=t)[1])
+                                                   episode_id=episode.episode_id, session=s, turn=t,
+                                                   label=memory_label(turn))[1])
                     history.append((turn.speaker, turn.text))
             out += session_counts(episode, receipts)
     return out

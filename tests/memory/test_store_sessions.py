@@ -98,7 +98,7 @@ def test_a_version_1_database_opens_keeps_its_rows_and_gets_sessions(tmp_path):
             (r[0], r[3], r[6], {"speaker": "user"}) for r in rows]
         assert store.open_session("alice", "chat") == 4
         store.append("alice", _turn(4, 0))
-    assert _rows(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)] and SCHEMA_VERSION == 2
+    assert _rows(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)] and SCHEMA_VERSION == 3
     with MemoryStore(path) as store:  # reopening an upgraded database changes nothing
         assert store.count("alice") == 4 and store.open_session("alice", "chat") == 5
 

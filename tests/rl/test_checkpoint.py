@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from icml_jax.memory.fragment import NewFragment
+from icml_jax.memory.fragment import NewFragment, fragment_id_for
 from icml_jax.memory.store import MemoryStore
 from icml_jax.rl.checkpoint import (
     CheckpointError,
@@ -117,6 +117,50 @@ def test_memory_state_round_trip_replaces_the_store():
         assert b.user_ids() == ["alice", "bob"]  # carol, not in the checkpoint, is gone
         for user in ("alice", "bob"):
             assert b.fragments(user) == a.fragments(user)
+
+
+def _versioned_store(clock: float = 50.0) -> MemoryStore:
+    """A store whose users have updated, superseded and deleted memories (every kind of event)."""
+    store = MemoryStore(clock=lambda: clock)
+    for user in ("alice", "bob"):
+        old, new, gone = store.append_many(user, [
+            NewFragment("e", 0, t, f"{user} says {t}", f"{user} note {t}", "3", decision_id=f"{user}/{t}")
+            for t in range(3)])
+        store.update(user, old.fragment_id, f"{user} note 0, edited", by="api")
+        store.supersede(user, [old.fragment_id], new.fragment_id, by=new.decision_id)
+        store.delete(user, gone.fragment_id)
+    return store
+
+
+def test_memory_state_round_trip_keeps_versions_and_history(tmp_path):
+    """A resumed run has the same memories, versions and events (in order) as the one checkpointed, through the
+    JSON item Orbax writes."""
+    with _versioned_store() as a, MemoryStore() as b:
+        b.append("alice", NewFragment("e", 0, 9, "stale", "stale", "0"))  # replaced by the checkpoint's alice
+        with RunCheckpointer(tmp_path / "ckpt", async_save=False) as ckpt:
+            ckpt.save(1, _arrays(1), {"memory": memory_state(a)})
+            _, state = ckpt.restore_state()
+        load_memory_state(b, state["memory"])
+        assert b.user_ids() == ["alice", "bob"]
+        for user in ("alice", "bob"):
+            assert b.fragments(user) == a.fragments(user)
+            assert b.fragments(user)[0].superseded_by == b.fragments(user)[1].fragment_id
+            unnumbered = [[(e.fragment_id, e.event, e.at, e.text, e.by, dict(e.detail)) for e in s.timeline(user)]
+                          for s in (a, b)]
+            assert unnumbered[0] == unnumbered[1]
+            assert [e.event for e in b.timeline(user)] == ["add", "add", "update", "supersede"]
+
+
+def test_a_checkpoint_written_before_versions_loads():
+    old_format = {"alice": '{"format": "icml_jax.memory.fragment/1", "fragment_id": "%s", "user_id": "alice", '
+                           '"episode_id": "e", "session": 0, "turn": 1, "source_text": "s", "text": "note", '
+                           '"created_at": 3.0, "policy_version": "2", "decision_id": "alice/1", "extra": {}}\n'
+                           % fragment_id_for("alice", "e", 0, 1)}
+    with MemoryStore() as store:
+        load_memory_state(store, old_format)
+        (frag,) = store.fragments("alice")
+        assert frag.current and frag.text == "note" and frag.created_at == 3.0
+        assert [(e.event, e.at, e.by) for e in store.history("alice", frag.fragment_id)] == [("add", 3.0, "alice/1")]
 
 
 class _Tiny(nnx.Module):

@@ -35,7 +35,7 @@ WRITERS = (prompts.TASK_SYNTH_SEED, prompts.TASK_SYNTH_PREQUEL, prompts.TASK_SYN
 # was BEFORE the forward mode existed: the backward path must keep producing exactly these.
 BACKWARD_DEFAULT_EPISODES = "ac1837164cf78a7b29142ebb7192dcd13780ca39ca40993f4e655ddde336f6b4"
 BACKWARD_SMALL_EPISODES = "8b2777f027cf979e3efbb4592540ac19214273b8fc071782aeacebd1fe6c7201"
-BACKWARD_SMALL_REQUESTS = "d2d641f7bfdbdaf8e2d99b4433fc9bcdb8055cbf3bac224e9a74095678e18869"
+BACKWARD_SMALL_REQUESTS = "bde1dd4779ddf1cc28a79c0527b099c598e06774490b79db6664ce3f5b600993"
 BACKWARD_DATA_EPISODES = "2e05760ad0e96b8dd8f58de4b43ca1209ebce963a0900ae7ff0e1e8475543e14"
 SMALL = SynthesisConfig(seed=3, num_seeds=4, storylines_per_seed=2, prequels_per_storyline=3, world=WORLD,
                         facts_per_seed=2)

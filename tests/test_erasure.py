@@ -1,0 +1,93 @@
+"""Erasure across a workdir (issue 18): after `forget_user` a canary the user said is in no file of the workdir;
+other users keep everything, and the rewritten checkpoints still restore."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+
+from icml_jax import erasure
+from icml_jax.memory import MemoryStore, NewFragment
+from icml_jax.rl.checkpoint import RunCheckpointer, load_memory_state, memory_state
+from icml_jax.rl.pending import PendingRewardBuffer
+
+CANARY = "canary-7f3a-Quixotic-Zebra"
+
+
+def _workdir(root: Path) -> dict[str, str]:
+    """A run's workdir with carol's canary everywhere a run keeps text, and dave's memories beside it."""
+    ids: dict[str, str] = {}
+    with MemoryStore(root / erasure.CHAT_DB) as chat:
+        ids["carol_chat"] = chat.append("carol", NewFragment("chat", 1, 0, f"my code is {CANARY}", CANARY, "0")).fragment_id
+        ids["dave_chat"] = chat.append("dave", NewFragment("chat", 1, 0, "I like tea", "Likes tea.", "0")).fragment_id
+    run = MemoryStore()
+    old = run.append("carol", NewFragment("ep_c", 0, 0, f"I live at {CANARY}", f"Lives at {CANARY}.", "1"))
+    new = run.append("carol", NewFragment("ep_c", 1, 0, "I moved to Oslo", "Lives in Oslo.", "1"))
+    run.supersede("carol", [old.fragment_id], new.fragment_id, by="d")  # the canary also sits in the history
+    tea, coffee = run.append_many("dave", [NewFragment("ep_d", 0, 0, "I like tea", "Likes tea.", "1"),
+                                           NewFragment("ep_d", 0, 2, "I like coffee", "Likes coffee.", "1")])
+    ids.update(dave_tea=tea.fragment_id, dave_coffee=coffee.fragment_id)
+    buffer = PendingRewardBuffer()
+    buffer.add(fragment_id=new.fragment_id, user_id="carol", decision_id="c1", r_proxy=0.5)
+    buffer.add(fragment_id=tea.fragment_id, user_id="dave", decision_id="d1", r_proxy=0.5)
+    with RunCheckpointer(root / "checkpoints", keep=2, async_save=False) as ckpt:
+        for step in (2, 4):
+            ckpt.save(step, {"w": np.arange(3)}, {"memory": memory_state(run), "buffer": buffer.state_dict()})
+        ckpt.wait()
+    aside = root / "checkpoints.unrestorable" / "6"
+    aside.mkdir(parents=True)
+    (aside / "junk").write_text(CANARY)
+    (root / "eval").mkdir()
+    rows = [{"episode_id": "carol", "utterance": f"is {CANARY} safe?", "memory_id": None, "memory": None},
+            {"episode_id": "dave", "utterance": "tea?", "memory_id": tea.fragment_id, "memory": "Likes tea."}]
+    (root / "eval" / "targets.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "eval" / "cache.sqlite").write_bytes(f"prompt quoting {CANARY}".encode())
+    (root / "synthesis").mkdir()
+    (root / "synthesis" / "requests.sqlite").write_bytes(CANARY.encode())
+    (root / "metrics.jsonl").write_text('{"stage": "online", "episode": 1}\n')
+    return ids
+
+
+def _files_with(root: Path, needle: str) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and needle.encode() in p.read_bytes()]
+
+
+def test_forget_user_leaves_no_trace_of_the_canary_and_keeps_everyone_else(tmp_path):
+    ids = _workdir(tmp_path)
+    assert len(_files_with(tmp_path, CANARY)) >= 6  # chat db, 2 checkpoints, aside, targets, caches
+    report = erasure.forget_user(tmp_path, "carol")
+    assert _files_with(tmp_path, CANARY) == []
+    assert report.memories_removed == 1 and any("checkpoints.unrestorable" in p for p in report.dropped)
+    assert any("trained weights" in p for p in report.not_reached)
+    with MemoryStore(tmp_path / erasure.CHAT_DB) as chat:
+        assert chat.count("carol") == 0 and chat.get("dave", ids["dave_chat"]) is not None
+    with RunCheckpointer(tmp_path / "checkpoints") as ckpt:  # still restores, dave intact, carol gone
+        step, arrays, state = ckpt.restore()
+    assert step == 4 and set(state["memory"]) == {"dave"}
+    with MemoryStore() as store:
+        load_memory_state(store, state["memory"])
+        assert store.count("dave") == 2
+    buffer = PendingRewardBuffer.from_state_dict(state["buffer"])
+    assert [e["user_id"] for e in buffer.state_dict()["entries"]] == ["dave"]
+    rows = [json.loads(x) for x in (tmp_path / "eval" / "targets.jsonl").read_text().splitlines()]
+    assert [r["episode_id"] for r in rows] == ["dave"]
+
+
+def test_forget_one_memory_everywhere(tmp_path, capsys):
+    ids = _workdir(tmp_path)
+    assert erasure.main(["--workdir", str(tmp_path), "--user", "dave", "--memory_id", ids["dave_tea"]]) == 0
+    assert "erased memory" in capsys.readouterr().out
+    with RunCheckpointer(tmp_path / "checkpoints") as ckpt:
+        _, _, state = ckpt.restore()
+    with MemoryStore() as store:
+        store.import_jsonl("dave", io.StringIO(state["memory"]["dave"]))
+        assert [f.fragment_id for f in store.fragments("dave")] == [ids["dave_coffee"]]
+    assert all(e["fragment_id"] != ids["dave_tea"] for e in state["buffer"]["entries"])
+    (dave,) = [json.loads(x) for x in (tmp_path / "eval" / "targets.jsonl").read_text().splitlines()
+               if json.loads(x)["episode_id"] == "dave"]
+    assert dave["memory"] is None  # the forgotten memory's text is gone from the evaluation rows
+    assert "Likes tea." not in (tmp_path / "checkpoints" / "4" / "state" / "metadata").read_text()
+    assert erasure.main(["--workdir", str(tmp_path / "nope"), "--user", "dave"]) == 2
