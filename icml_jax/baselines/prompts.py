@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from icml_jax.llm.jsonparse import parse_json_text
-from icml_jax.llm.prompts import Dialogue, format_dialogue
+from icml_jax.llm.prompts import DATA_NOTE, Dialogue, dialogue_block, quote
 from icml_jax.llm.types import LLMRequest, LLMResponse
 
 TASK_SUMMARIZE = "baseline_summarize"
@@ -18,7 +18,7 @@ BASELINE_TASKS: tuple[str, ...] = (TASK_SUMMARIZE, TASK_EXTRACT_FACTS, TASK_MEM0
 MEM0_EVENTS: tuple[str, ...] = ("ADD", "UPDATE", "DELETE", "NOOP")
 
 MEMORY_SYSTEM = ("You keep the long-term memory of a conversational assistant about one user across many "
-                 "sessions. You are brief and factual and never invent anything.")
+                 "sessions. You are brief and factual and never invent anything. " + DATA_NOTE)
 JSON_SYSTEM = MEMORY_SYSTEM + " You answer in JSON only."
 
 SUMMARIZE_INSTRUCTION = (
@@ -32,7 +32,8 @@ FACTS_INSTRUCTION = (
     "passing moods, requests and questions are not facts. Answer with a JSON object: "
     '{{"facts": [{{"turn": id, "fact": "..."}}, ...]}}, with an empty list when there is no fact.')
 DECIDE_INSTRUCTION = (
-    "A new fact about the user and the most similar memories already stored (with their ids) follow. Decide how "
+    "A new fact about the user and the most similar memories already stored (each with its id attribute) "
+    "follow. Decide how "
     "the memory changes: ADD when the fact is new information; UPDATE when it changes or refines a stored "
     "memory (give that memory's id and the updated text, keeping what is still true); DELETE when it says that "
     "a stored memory is no longer true and nothing replaces it (give its id); NOOP when the memory already "
@@ -67,9 +68,11 @@ Turns = Sequence[tuple[int, str, str, bool]]  # (turn index in its session, spea
 
 
 def _turn_lines(turns: Turns) -> str:
+    """The turns, one line each with its id, quoted as one <dialogue> block (user text is data)."""
     if not turns:
         return "(empty)"
-    return "\n".join(f"[{t}] {'USER ' if user else ''}{speaker}: {text}" for t, speaker, text, user in turns)
+    return quote("dialogue", "\n".join(f"[{t}] {'USER ' if user else ''}{speaker}: {text}"
+                                      for t, speaker, text, user in turns))
 
 
 def _turns_md(turns: Turns) -> list[dict[str, Any]]:
@@ -89,7 +92,7 @@ def extract_facts_request(turns: Turns, *, context: Dialogue = (), max_facts: in
                           max_output_tokens: int = 512, metadata: Mapping[str, Any] | None = None) -> LLMRequest:
     """Ask for the facts about the user in `turns` (its USER ones), each with its turn id; `context` is dialogue
     shown before them that facts are not taken from (Mem0 reads a turn with its recent history)."""
-    shown = f"Earlier dialogue (context only):\n{format_dialogue(context, 4)}\n\n" if context else ""
+    shown = f"Earlier dialogue (context only):\n{dialogue_block(context, 4)}\n\n" if context else ""
     prompt = f"{FACTS_INSTRUCTION.format(max_facts=max_facts)}\n\n{shown}Turns:\n{_turn_lines(turns)}"
     return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=FACTS_SCHEMA,
                       max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_EXTRACT_FACTS,
@@ -99,8 +102,9 @@ def extract_facts_request(turns: Turns, *, context: Dialogue = (), max_facts: in
 def mem0_decide_request(fact: str, memories: Sequence[tuple[str, str]], *, max_output_tokens: int = 256,
                         metadata: Mapping[str, Any] | None = None) -> LLMRequest:
     """Ask which memory event a new `fact` causes among the most similar stored `memories` ((id, text) pairs)."""
-    listed = "\n".join(f"[{i}] {text}" for i, text in memories) if memories else "(no memories stored yet)"
-    prompt = f"{DECIDE_INSTRUCTION}\n\nStored memories:\n{listed}\n\nNew fact: {fact}"
+    listed = ("\n".join(quote("memory", text, id=str(i)) for i, text in memories) if memories
+              else "(no memories stored yet)")
+    prompt = f"{DECIDE_INSTRUCTION}\n\nStored memories:\n{listed}\n\nNew fact:\n{quote('memory', fact)}"
     return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=DECIDE_SCHEMA,
                       max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_MEM0_DECIDE,
                       metadata={"fact": fact, "memories": [{"id": i, "text": text} for i, text in memories],
