@@ -181,7 +181,10 @@ class ChatSession:
         return cls(model, MemoryStore(db), user_id, owns_store=True)
 
     def close(self) -> None:
-        """Closes the store if this session opened it."""
+        """Stops the agent's request thread (a remote back end's) and closes the store if this session opened it."""
+        close_agent = getattr(self.agent, "close", None)
+        if close_agent is not None:
+            close_agent()
         if self._owns_store:
             self.store.close()
 

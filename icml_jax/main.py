@@ -403,7 +403,9 @@ def build_models(config: ml_collections.ConfigDict, workdir: Path) -> tuple[Any,
             if config.model.tiny_lora:
                 trigger = apply_lora(trigger, LoraConfig.from_config(config.lora), seed=seed + 2)
         policies = MemoryPolicies(backbone, trigger, pooling=config.policy.pooling,
-                                  match_rank=int(config.policy.match_rank), rngs=nnx.Rngs(seed + 1))
+                                  match_rank=int(config.policy.match_rank),
+                                  shared_prefix=bool(config.policy.get("shared_prefix", False)),
+                                  suffix_slots=int(config.policy.get("suffix_slots", 32)), rngs=nnx.Rngs(seed + 1))
         return policies, tokenizer
     from icml_jax.agents.build import build_policies
     from icml_jax.models.tokenizer import load_tokenizer
@@ -557,6 +559,7 @@ def stage_online(run: Run) -> dict[str, Any]:
         if saved != learner.episodes_seen:
             save(extra)
         ckpt.wait()
+        learner.close()  # the turn request threads of remote back ends
         online = pooled_metrics(learner.session_log, "online")
         online_rows = _session_rows("online", learner.session_log)
         after, after_rows = held_out_eval(learner.episodes_seen)

@@ -6,7 +6,9 @@ learner consumes (the exact token arrays, actions, log-probabilities, values and
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,7 +23,7 @@ from icml_jax.llm.types import LLMBackend
 from icml_jax.memory.fragment import Fragment
 from icml_jax.memory.lexical import bm25_scores
 from icml_jax.memory.store import MemoryStore
-from icml_jax.memory.writer import TurnToSave, save_turns
+from icml_jax.memory.writer import TurnToSave, commit_saves, condense, save_turns, shown_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +164,7 @@ class MemoryAgent:
         self.condenser = condenser or generator
         self.config = config or AgentConfig()
         self.key = jax.random.key(seed)
+        self._pool: cf.ThreadPoolExecutor | None = None  # made by the first remote `step` without a pool
 
     def _next_key(self) -> jax.Array:
         self.key, key = jax.random.split(self.key)
@@ -261,6 +264,35 @@ class MemoryAgent:
         """The Planner's save decision for `utterance` and, when it saves, the stored memory. `label`: the turn's
         labels where the data has them (persona world: `fact`, `supersedes`), kept with the memory; only the
         offline back end reads them (to answer as a labelled writer would)."""
+        planner = self.decide_save(user_id, utterance, history=history, episode_id=episode_id, session=session,
+                                   turn=turn)
+        fragment = None
+        if planner.save:
+            (fragment,) = save_turns(
+                self.store, self.condenser, user_id,
+                [self._turn_to_save(planner, utterance, history, (episode_id, session, turn), label)],
+                policy_version=self.config.policy_version, note_max_tokens=self.config.note_max_tokens,
+                supersede=self.config.supersede_candidates)
+        return planner, fragment
+
+    @staticmethod
+    def _turn_to_save(planner: PlannerDecision, utterance: str, history: Sequence[tuple[str, str]],
+                      where: tuple[str, int, int], label: Mapping[str, Any] | None) -> TurnToSave:
+        """The save request of a turn the Planner chose to save; `where`: (episode_id, session, turn)."""
+        extra = {"label": dict(label)} if label else {}
+        return TurnToSave(*where, utterance, tuple(history), planner.decision_id, extra)
+
+    def decide_save(
+        self,
+        user_id: str,
+        utterance: str,
+        *,
+        history: Sequence[tuple[str, str]] = (),
+        episode_id: str = "chat",
+        session: int = 0,
+        turn: int = 0,
+    ) -> PlannerDecision:
+        """The Planner's save decision alone (no back-end request, no store write)."""
         cfg = self.config
         graphdef, state = nnx.split(self.policies)
         base = f"{user_id}/{episode_id}/{session}/{turn}"
@@ -281,16 +313,7 @@ class MemoryAgent:
                 decision_id=base + "/planner", save=bool(save[0]), prob_save=float(pstats.probs[0]),
                 logp=float(pstats.logp[0]), entropy=float(pstats.entropy[0]), value=float(pstats.value[0]),
                 tokens=p_tokens[0], mask=p_mask[0])
-
-        fragment = None
-        if planner.save:
-            extra = {"label": dict(label)} if label else {}
-            (fragment,) = save_turns(
-                self.store, self.condenser, user_id,
-                [TurnToSave(episode_id, session, turn, utterance, tuple(history), planner.decision_id, extra)],
-                policy_version=cfg.policy_version, note_max_tokens=cfg.note_max_tokens,
-                supersede=cfg.supersede_candidates)
-        return planner, fragment
+        return planner
 
     def step(
         self,
@@ -303,11 +326,71 @@ class MemoryAgent:
         turn: int = 0,
         metadata: Mapping[str, Any] | None = None,
         label: Mapping[str, Any] | None = None,
+        pool: cf.Executor | None = None,
     ) -> tuple[str, Receipt]:
-        """Runs one turn for `user_id` (`respond`, then `remember`) and returns (reply, receipt)."""
+        """Runs one turn for `user_id` (`respond`, then `remember`) and returns (reply, receipt).
+
+        With a remote generator or condenser the reply and condense requests go out together on `pool` (the
+        agent's own one-thread pool when None); decisions, store reads and writes stay on this thread, in the
+        sequential order, so the receipt is the same as the sequential path's for the same answers.
+        """
         where = dict(history=history, episode_id=episode_id, session=session, turn=turn)
-        trigger, used, reply = self.respond(user_id, utterance, metadata=metadata, **where)
-        planner, fragment = self.remember(user_id, utterance, label=label, **where)
+        if not self.is_remote:
+            trigger, used, reply = self.respond(user_id, utterance, metadata=metadata, **where)
+            planner, fragment = self.remember(user_id, utterance, label=label, **where)
+        else:
+            trigger, used, reply, planner, fragment = self._step_concurrent(
+                user_id, utterance, where, metadata, label, pool or self._own_pool())
         receipt = Receipt(user_id, episode_id, session, turn, utterance, reply.text, trigger, planner, used,
                           fragment, self.config.policy_version)
         return reply.text, receipt
+
+    @property
+    def is_remote(self) -> bool:
+        """Whether a back end sends each request over the network (then overlapping requests saves wall time)."""
+        return bool(getattr(self.generator, "remote", False) or getattr(self.condenser, "remote", False))
+
+    def _step_concurrent(self, user_id: str, utterance: str, where: dict[str, Any],
+                         metadata: Mapping[str, Any] | None, label: Mapping[str, Any] | None, pool: cf.Executor
+                         ) -> tuple[TriggerDecision, Fragment | None, Reply, PlannerDecision, Fragment | None]:
+        """`step`'s remote path: both decisions (Trigger first, as sequentially), then reply and condense in
+        flight together (the remote one of them on `pool`, a local one here), then the store writes here."""
+        cfg = self.config
+        trigger, used = self.choose_memory(user_id, utterance, **where)
+        planner = self.decide_save(user_id, utterance, **where)
+        history = where["history"]
+        write = functools.partial(self.write_reply, utterance, used, history=history, metadata=metadata)
+        if not planner.save:  # nothing to overlap with
+            return trigger, used, write(), planner, None
+        save = [self._turn_to_save(planner, utterance, history,
+                                   (where["episode_id"], where["session"], where["turn"]), label)]
+        shown = shown_for(self.store, user_id, save, cfg.supersede_candidates)
+        note = functools.partial(condense, self.condenser, save, max_output_tokens=cfg.note_max_tokens, shown=shown)
+        # the remote request goes out on `pool`; the other one runs here meanwhile (a local back end's model
+        # stays on this thread)
+        if getattr(self.generator, "remote", False):
+            here, there = note, write
+        else:
+            here, there = write, note
+        future = pool.submit(there)
+        try:
+            done_here = here()
+        except BaseException:
+            cf.wait([future])  # nothing left in flight behind a failure
+            raise
+        done_there = future.result()
+        condensed, reply = (done_here, done_there) if here is note else (done_there, done_here)
+        fragment = commit_saves(self.store, user_id, save, condensed, shown, policy_version=cfg.policy_version)[0]
+        return trigger, used, reply, planner, fragment
+
+    def _own_pool(self) -> cf.Executor:
+        """The agent's lazily created pool for `step` calls that pass none (closed by `close`)."""
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent")
+        return self._pool
+
+    def close(self) -> None:
+        """Shuts down the agent's own request pool, if it made one."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)

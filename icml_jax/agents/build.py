@@ -26,6 +26,8 @@ def default_config() -> ml_collections.ConfigDict:
         dtype="bfloat16",
         pooling="last",  # last | mean: how hidden states become the heads' input
         match_rank=0,  # > 0 adds the bilinear context x memory Trigger score
+        shared_prefix=False,  # score the Trigger's candidates against one pass over their shared context (exact;
+        suffix_slots=32,  # 2.4-2.8x per decision on CPU, docs/benchmarks.md) with up to this many tokens each
         seed=0,
     ))
 
@@ -56,7 +58,9 @@ def build_policies(
     shared = not cfg.get("trigger_model") or cfg["trigger_model"] == cfg["planner_model"]
     trigger = planner if shared else backbone(cfg["trigger_model"], 1)
     policies = MemoryPolicies(planner, trigger, pooling=cfg.get("pooling", "last"),
-                              match_rank=int(cfg.get("match_rank", 0)), rngs=nnx.Rngs(seed))
+                              match_rank=int(cfg.get("match_rank", 0)),
+                              shared_prefix=bool(cfg.get("shared_prefix", False)),
+                              suffix_slots=int(cfg.get("suffix_slots", 32)), rngs=nnx.Rngs(seed))
     if mesh is not None:  # the heads join the backbones' mesh (replicated): steps keep one sharding throughout
         for head in HEADS:
             if getattr(policies, head, None) is not None:

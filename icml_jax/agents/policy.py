@@ -10,6 +10,9 @@ Optionally (`match_rank > 0`, `MatchHead`) the Trigger adds a bilinear score bet
 features scores memories one by one and can express neither "this memory answers this utterance" nor "this
 utterance needs a memory" unless the backbone itself mixes context and memory (an LLM does; a tiny random
 backbone does not).
+With `shared_prefix=True` the Trigger runs the options' common token prefix (the context) once into a KV cache
+and only each option's remaining tokens against it (`split_shared_prefix`, `_shared_prefix_features`): the same
+values up to float rounding, on the same token rows, with an on-device fallback to the full pass.
 Every function that samples also returns the log-probability, entropy and value it sampled with, computed
 by the same program that evaluates given actions, so receipts and training agree.
 """
@@ -23,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from icml_jax.models.decoder import Decoder
+from icml_jax.models.decoder import Decoder, init_cache
 from icml_jax.models.lora import TRAINABLE, TrainableParam
 
 Array = jax.Array
@@ -72,12 +75,19 @@ class MemoryPolicies(nnx.Module):
     of each agent) and, with `match_rank > 0`, the Trigger's `MatchHead`."""
 
     def __init__(self, planner_backbone: Decoder, trigger_backbone: Decoder | None = None, *,
-                 pooling: str = "last", match_rank: int = 0, rngs: nnx.Rngs):
+                 pooling: str = "last", match_rank: int = 0, shared_prefix: bool = False, suffix_slots: int = 32,
+                 rngs: nnx.Rngs):
+        if suffix_slots < 1:
+            raise ValueError(f"suffix_slots must be >= 1, got {suffix_slots}")
         if pooling not in ("last", "mean"):
             raise ValueError(f"pooling must be 'last' or 'mean', got {pooling!r}")
         if match_rank < 0:
             raise ValueError(f"match_rank must be >= 0 (0 = no bilinear Trigger term), got {match_rank}")
         self.pooling = pooling  # how a sequence's hidden states become the heads' input
+        # Trigger: run the options' common token prefix once (KV cache) and only each option's last
+        # <= suffix_slots tokens per option (`_shared_prefix_features`); exact, falls back to the full pass
+        self.shared_prefix = shared_prefix
+        self.suffix_slots = suffix_slots
         self.planner_backbone = planner_backbone
         self.trigger_backbone = planner_backbone if trigger_backbone is None else trigger_backbone
         planner_h, trigger_h = self.planner_backbone.config.hidden_size, self.trigger_backbone.config.hidden_size
@@ -109,12 +119,117 @@ def planner_forward(policies: MemoryPolicies, tokens: Array, mask: Array) -> tup
     return policies.planner_actor(h)[:, 0], policies.planner_critic(h)[:, 0]
 
 
-def trigger_forward(policies: MemoryPolicies, tokens: Array, mask: Array, cand_mask: Array) -> tuple[Array, Array]:
-    """Candidate logits [B, C] (padding = NEG) and values [B] for tokens/mask [B, C, L], cand_mask [B, C]."""
+class PrefixSplit(NamedTuple):
+    """Trigger rows [B, C, L] (left-padded) as one common prefix per decision and a suffix per option."""
+
+    prefix: Array  # [B, L] int32: the common prefix's k tokens, left-padded
+    prefix_mask: Array  # [B, L] bool
+    suffix: Array  # [B, C, S] int32: each option's remaining tokens, right-padded (contiguous after the prefix)
+    suffix_mask: Array  # [B, C, S] bool
+    fits: Array  # [] bool: every real option's remainder fits in S slots (else the full pass must run)
+
+
+def split_shared_prefix(tokens: Array, mask: Array, cand_mask: Array, suffix_slots: int) -> PrefixSplit:
+    """Finds, on device, the longest token prefix common to the real options of each decision (at most each
+    option's length - 1, so every option keeps a last token of its own) and splits the rows there.
+
+    Rows are left-padded to different lengths, so tokens are compared at the same real index, not column.
+    """
     b, c, length = tokens.shape
-    h = _features(policies.trigger_backbone, tokens.reshape(b * c, length), mask.reshape(b * c, length),
-                  policies.pooling)
-    h = h.reshape(b, c, -1)
+    n = jnp.sum(mask, axis=-1, dtype=jnp.int32)  # [B, C] real tokens per option
+    real = cand_mask.astype(bool) & (n > 0)
+    j = jnp.arange(length)
+    aligned = jnp.take_along_axis(tokens, jnp.clip(length - n[..., None] + j, 0, length - 1), axis=-1)
+    inside = j < n[..., None]  # aligned (right-padded) rows: real token index j
+    first = jnp.argmax(real, axis=1)  # the first real option supplies the prefix's tokens
+    ref = jnp.take_along_axis(aligned, first[:, None, None], axis=1)  # [B, 1, L]
+    ref_in = jnp.take_along_axis(inside, first[:, None, None], axis=1)
+    same = ((aligned == ref) & inside & ref_in) | ~real[..., None]
+    common = jnp.sum(jnp.cumprod(jnp.all(same, axis=1), axis=-1), axis=-1)  # [B]
+    shortest = jnp.min(jnp.where(real, n, length), axis=1)
+    k = jnp.where(jnp.any(real, axis=1), jnp.clip(jnp.minimum(common, shortest - 1), 0), 0)  # [B]
+    m = jnp.where(real, n - k[:, None], 0)  # [B, C] suffix lengths
+    ref_row = ref[:, 0]
+    prefix = jnp.take_along_axis(ref_row, jnp.clip(j[None] - (length - k[:, None]), 0, length - 1), axis=-1)
+    prefix_mask = j[None] >= length - k[:, None]
+    s = jnp.arange(suffix_slots)
+    suffix = jnp.take_along_axis(aligned, jnp.clip(k[:, None, None] + s, 0, length - 1), axis=-1)
+    suffix_mask = s < m[..., None]
+    return PrefixSplit(prefix, prefix_mask, suffix, suffix_mask, jnp.all(m <= suffix_slots))
+
+
+def _shared_prefix_features(backbone: Decoder, split: PrefixSplit, pooling: str) -> Array:
+    """Heads' input [B * C, embed] float32 from one prefix pass into a KV cache [B] and one suffix pass [B * C]
+    that attends to it: the same causal computation as `_features` on the full rows (the prefix's hidden
+    states do not depend on what follows), the prefix run once instead of C times."""
+    b, c, slots = split.suffix.shape
+    length = split.prefix.shape[1]
+    cache = init_cache(backbone.config, b, length + slots, backbone.dtype)
+    pre = backbone(split.prefix, attention_mask=split.prefix_mask, cache=cache, compute_logits=False)
+    cache = pre.cache
+    cache = cache._replace(k=jnp.repeat(cache.k, c, axis=1), v=jnp.repeat(cache.v, c, axis=1),
+                           valid=jnp.repeat(cache.valid, c, axis=0))
+    smask = split.suffix_mask.reshape(b * c, slots)
+    hidden = backbone(split.suffix.reshape(b * c, slots), attention_mask=smask, cache=cache,
+                      compute_logits=False).hidden.astype(jnp.float32)
+    m = jnp.sum(smask, axis=-1, dtype=jnp.int32)
+    if pooling == "last":
+        return jnp.take_along_axis(hidden, jnp.clip(m - 1, 0)[:, None, None], axis=1)[:, 0]
+    pw = split.prefix_mask.astype(jnp.float32)[..., None]
+    prefix_sum = jnp.sum(pre.hidden.astype(jnp.float32) * pw, axis=1)  # [B, embed]
+    suffix_sum = jnp.sum(hidden * smask.astype(jnp.float32)[..., None], axis=1)
+    count = jnp.repeat(jnp.sum(pw, axis=1), c, axis=0) + m[:, None].astype(jnp.float32)
+    return (jnp.repeat(prefix_sum, c, axis=0) + suffix_sum) / jnp.maximum(count, 1.0)
+
+
+def prefix_pays(suffix_slots: int, candidates: int, length: int) -> bool:
+    """Whether the shared-prefix pass is traced for [*, candidates, length] rows: only with several options and
+    suffix slots at most half the row (otherwise it cannot save work)."""
+    return candidates > 1 and 2 * suffix_slots <= length
+
+
+def trigger_features(policies: MemoryPolicies, tokens: Array, mask: Array, cand_mask: Array,
+                     shared_prefix: bool | None = None) -> Array:
+    """The Trigger heads' input [B, C, embed]; `shared_prefix` (None: the policies' flag) selects the shared-
+    prefix pass, with an on-device fallback (`lax.cond`: one branch runs) to the full pass when an option's
+    remainder does not fit in `suffix_slots` (e.g. rows truncated at max_length share only BOS)."""
+    b, c, length = tokens.shape
+    backbone, pooling = policies.trigger_backbone, policies.pooling
+
+    def full(backbone: Decoder) -> Array:
+        return _features(backbone, tokens.reshape(b * c, length), mask.reshape(b * c, length), pooling)
+
+    enabled = policies.shared_prefix if shared_prefix is None else shared_prefix
+    if not (enabled and prefix_pays(policies.suffix_slots, c, length)):
+        return full(backbone).reshape(b, c, -1)
+    split = split_shared_prefix(tokens, mask, cand_mask, policies.suffix_slots)
+    graphdef, params, rest = nnx.split(backbone, nnx.Param, ...)
+
+    mutated = []  # set while tracing when a branch changes non-parameter state (train-mode LoRA dropout RNG)
+
+    def branch(features):  # pure in the backbone's state; its non-parameter state comes back
+        def run(params, rest):
+            before = jax.tree.leaves(rest)  # merge shares rest's Variables with the module: compare values after
+            module = nnx.merge(graphdef, params, rest)
+            out = features(module), nnx.state(module, nnx.Not(nnx.Param))
+            if any(a is not b for a, b in zip(jax.tree.leaves(out[1]), before, strict=True)):
+                mutated.append(True)
+            return out
+        return run
+
+    h, rest = jax.lax.cond(split.fits, branch(lambda m: _shared_prefix_features(m, split, pooling)),
+                           branch(full), params, rest)
+    if mutated:  # only then (like the decoder's layer scan): a caller may hold the state at another trace level
+        nnx.update(backbone, rest)
+    return h.reshape(b, c, -1)
+
+
+def trigger_forward(policies: MemoryPolicies, tokens: Array, mask: Array, cand_mask: Array,
+                    shared_prefix: bool | None = None) -> tuple[Array, Array]:
+    """Candidate logits [B, C] (padding = NEG) and values [B] for tokens/mask [B, C, L], cand_mask [B, C].
+
+    `shared_prefix` (None: `policies.shared_prefix`) computes the options' common prefix once (same values)."""
+    h = trigger_features(policies, tokens, mask, cand_mask, shared_prefix)
     scores = policies.trigger_actor(h)[..., 0]
     if policies.trigger_match is not None:
         scores = scores + policies.trigger_match(h)

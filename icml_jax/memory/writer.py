@@ -75,12 +75,24 @@ def save_turns(
     """
     if not turns:
         return []
-    shown: list[list[Fragment]] = [[] for _ in turns]
-    if supersede > 0:
-        current = store.fragments(user_id, current_only=True)
-        if current:
-            shown = [[f for f in store.top_k(user_id, t.text, supersede) if f.superseded_by is None] for t in turns]
+    shown = shown_for(store, user_id, turns, supersede)
     condensed = condense(backend, turns, max_output_tokens=note_max_tokens, shown=shown)
+    return commit_saves(store, user_id, turns, condensed, shown, policy_version=policy_version)
+
+
+def shown_for(store: MemoryStore, user_id: str, turns: Sequence[TurnToSave], supersede: int) -> list[list[Fragment]]:
+    """The memories each turn's condense request offers for replacement (read before the request is sent, so a
+    caller can send it from another thread while the store stays on its own)."""
+    shown: list[list[Fragment]] = [[] for _ in turns]
+    if supersede > 0 and store.fragments(user_id, current_only=True):
+        shown = [[f for f in store.top_k(user_id, t.text, supersede) if f.superseded_by is None] for t in turns]
+    return shown
+
+
+def commit_saves(store: MemoryStore, user_id: str, turns: Sequence[TurnToSave], condensed: Sequence[Condensed],
+                 shown: Sequence[Sequence[Fragment]], *, policy_version: str) -> list[Fragment]:
+    """Appends the condensed notes of `turns` in one transaction and applies their supersedes (the store writes
+    of `save_turns`)."""
     drafts, replaced = [], []
     for t, c, mems in zip(turns, condensed, shown, strict=True):
         extra = dict(t.extra)

@@ -16,6 +16,7 @@ Everything the run needs to resume (trainable parameters, optimizer state, buffe
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -252,6 +253,7 @@ class OnlineLearner:
         self.updates = 0
         self.turns_seen = 0
         self._since = self._fresh_since()
+        self._pool: cf.ThreadPoolExecutor | None = None  # made by the first turn with a remote back end
 
     # ------------------------------------------------------------------ the turn loop
     def _fresh_since(self) -> dict[str, Any]:
@@ -305,21 +307,35 @@ class OnlineLearner:
         item = episode.sessions[session].turns[turn]
         ref = [episode.episode_id, session, turn]
         hist = tuple(history)
-        reply, receipt = self.agent.step(user, item.text, history=hist, episode_id=episode.episode_id,
-                                         session=session, turn=turn, label=memory_label(item))
+        label = None if item.y_p is None else float(item.y_p)
+        proxy_input = ProxyInput(item.text, hist, label=label)
+        pool = self._request_pool() if self.is_remote else None
+        remote_proxy = pool is not None and getattr(self.proxy_judge.backend, "remote", False)
+        proxy_f = pool.submit(self.proxy_judge.judge, [proxy_input]) if remote_proxy else None
+        try:  # the proxy judge needs only the turn: with remote back ends it is in flight during the agent's step
+            reply, receipt = self.agent.step(user, item.text, history=hist, episode_id=episode.episode_id,
+                                             session=session, turn=turn, label=memory_label(item), pool=pool)
+        except BaseException:
+            if proxy_f is not None:
+                cf.wait([proxy_f])
+            raise
         used = receipt.memory_used
         needed = None if item.y_t is None else [[episode.episode_id, r.session, r.turn] for r in item.y_t]
-        (quality,) = self.quality_judge.judge([QualityInput(
-            hist, item.text, reply, used.text if used else None, label_needed=needed,
-            used_ref=list(used.ref) if used else None)])
+        try:
+            (quality,) = self.quality_judge.judge([QualityInput(
+                hist, item.text, reply, used.text if used else None, label_needed=needed,
+                used_ref=list(used.ref) if used else None)])
+        except BaseException:
+            if proxy_f is not None:
+                cf.wait([proxy_f])
+            raise
         r_qual = quality.score if quality.ok else None
         if r_qual is None:
             self._since["quality_failures"] += 1
         elif receipt.trigger.fragment_id is not None:  # the cross-session truth reward of the save that made it
             self.buffer.on_trigger(user, receipt.trigger.fragment_id, r_qual, turn_ref=ref)
 
-        label = None if item.y_p is None else float(item.y_p)
-        (proxy,) = self.proxy_judge.judge([ProxyInput(item.text, hist, label=label)])
+        (proxy,) = proxy_f.result() if proxy_f is not None else self.proxy_judge.judge([proxy_input])
         r_proxy = proxy.score if proxy.ok else None
         reward = None
         if r_proxy is None:
@@ -333,6 +349,30 @@ class OnlineLearner:
         self._turns.append(_TurnRecord(receipt, key, r_qual, r_proxy, reward))
         self.turns_seen += 1
         return receipt
+
+    @property
+    def is_remote(self) -> bool:
+        """Whether any back end is remote: then a turn's independent requests go out concurrently."""
+        return any(getattr(b, "remote", False) for b in self._backends)
+
+    def _request_pool(self) -> cf.Executor:
+        """The learner's two-thread pool (proxy judge and reply in flight beside the calling thread's condense)."""
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="turn")
+        return self._pool
+
+    def close(self) -> None:
+        """Shuts down the turn request pool, if one was made (a later remote turn makes a new one)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        self.agent.close()
+
+    def __enter__(self) -> OnlineLearner:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ the update
     def update(self) -> dict[str, float]:
@@ -522,18 +562,28 @@ def evaluate(
     """
     cfg = dataclasses.replace(agent_config or AgentConfig(), greedy=greedy)
     backend = backend or OfflineBackend()
-    out: list[SessionCounts] = []
     with MemoryStore() as store:
         agent = MemoryAgent(policies, tokenizer, store, backend, config=cfg, seed=seed)
-        for episode in episodes:
-            receipts = []
-            for s, session in enumerate(episode.sessions):
-                history: list[tuple[str, str]] = []
-                for t, turn in enumerate(session.turns):
-                    if user_speaker is None or turn.speaker == user_speaker:
-                        receipts.append(agent.step(episode.episode_id, turn.text, history=tuple(history),
-                                                   episode_id=episode.episode_id, session=s, turn=t,
-                                                   label=memory_label(turn))[1])
-                    history.append((turn.speaker, turn.text))
-            out += session_counts(episode, receipts)
+        try:
+            out = _evaluate_episodes(agent, episodes, user_speaker)
+        finally:
+            agent.close()  # its request pool, made when the back end is remote
+    return out
+
+
+def _evaluate_episodes(agent: MemoryAgent, episodes: Sequence[Episode], user_speaker: str | None
+                       ) -> list[SessionCounts]:
+    """`evaluate`'s loop: every episode played by `agent`, its per-session label counts."""
+    out: list[SessionCounts] = []
+    for episode in episodes:
+        receipts = []
+        for s, session in enumerate(episode.sessions):
+            history: list[tuple[str, str]] = []
+            for t, turn in enumerate(session.turns):
+                if user_speaker is None or turn.speaker == user_speaker:
+                    receipts.append(agent.step(episode.episode_id, turn.text, history=tuple(history),
+                                               episode_id=episode.episode_id, session=s, turn=t,
+                                               label=memory_label(turn))[1])
+                history.append((turn.speaker, turn.text))
+        out += session_counts(episode, receipts)
     return out
