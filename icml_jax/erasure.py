@@ -82,18 +82,17 @@ def _erase(root: Path, user_id: str, fragment_id: str | None,
     for state_file in sorted(checkpoints.glob("*/state/metadata")) if checkpoints.is_dir() else []:
         if _scrub_checkpoint(state_file, user_id, fragment_id, report):
             report.rewritten.append(str(state_file))
-    for path in sorted(root.rglob("*")):
-        if path.is_dir() and path.name == "checkpoints.unrestorable":
-            shutil.rmtree(path)
-            report.dropped.append(str(path))
-    for path in sorted(root.rglob(TARGETS_FILE)):
-        if _scrub_targets(path, user_id, fragment_id):
+    entries = sorted(root.rglob("*"))  # one walk of the tree for the rest
+    for aside in (p for p in entries if p.name == "checkpoints.unrestorable" and p.is_dir()):
+        shutil.rmtree(aside)  # damaged checkpoints: not parsed, dropped
+        report.dropped.append(str(aside))
+    for path in (p for p in entries if p.is_file()):  # (what was just dropped is no longer a file)
+        if path.name == TARGETS_FILE and _scrub_targets(path, user_id, fragment_id):
             report.rewritten.append(str(path))
-    for path in sorted(p for p in root.rglob("*") if p.name in CACHE_FILES and p.is_file()):
-        for extra in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-            if extra.exists():
-                extra.unlink()
-        report.dropped.append(str(path))
+        elif path.name in CACHE_FILES:
+            for part in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+                part.unlink(missing_ok=True)
+            report.dropped.append(str(path))
     report.not_reached.append(f"trained weights ({root / 'policy'}, {root / 'warmup'}, checkpoint arrays): a "
                               "policy cannot be made to forget what it learned from a user")
     if (root / "synthesis" / "manifest.json").is_file():

@@ -83,10 +83,9 @@ def save_turns(
 def shown_for(store: MemoryStore, user_id: str, turns: Sequence[TurnToSave], supersede: int) -> list[list[Fragment]]:
     """The memories each turn's condense request offers for replacement (read before the request is sent, so a
     caller can send it from another thread while the store stays on its own)."""
-    shown: list[list[Fragment]] = [[] for _ in turns]
-    if supersede > 0 and store.fragments(user_id, current_only=True):
-        shown = [[f for f in store.top_k(user_id, t.text, supersede) if f.superseded_by is None] for t in turns]
-    return shown
+    if supersede <= 0:
+        return [[] for _ in turns]
+    return [store.top_k(user_id, t.text, supersede) for t in turns]  # current memories only; [] when none
 
 
 def commit_saves(store: MemoryStore, user_id: str, turns: Sequence[TurnToSave], condensed: Sequence[Condensed],
