@@ -84,6 +84,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.warmup.gamma = config.rl.ppo.get_ref("gamma")
     config.learner = ml_collections.ConfigDict(dict(
         update_every=1,  # episodes per PPO update
+        users_in_flight=1,  # episodes (users) played in lockstep, decisions batched; must divide update_every
         fresh_memory=True,
         reply_temperature=0.7,
         reply_max_tokens=256,

@@ -304,7 +304,8 @@ def _learner(config: ml_collections.ConfigDict):
     return LearnerConfig(ppo=_ppo(config), reward=_reward(config), agent=agent,
                          update_every=config.learner.update_every, seed=config.seed,
                          user_speaker=user_speaker(config), fresh_memory=config.learner.fresh_memory,
-                         divergence=DivergenceConfig.from_config(config.learner.get("divergence")))
+                         divergence=DivergenceConfig.from_config(config.learner.get("divergence")),
+                         users_in_flight=int(config.learner.get("users_in_flight", 1)))
 
 
 # ------------------------------------------------------------------------------------------------ the run
@@ -489,7 +490,7 @@ def stage_online(run: Run) -> dict[str, Any]:
     from icml_jax.llm.registry import make_backend
     from icml_jax.memory.store import MemoryStore
     from icml_jax.rl.checkpoint import RunCheckpointer, load_memory_state, memory_state
-    from icml_jax.rl.learner import OnlineLearner, evaluate, pooled_metrics
+    from icml_jax.rl.learner import OnlineLearner, evaluate, pooled_metrics, user_groups
 
     config = run.config
     policies, tokenizer = run.models()
@@ -505,7 +506,7 @@ def stage_online(run: Run) -> dict[str, Any]:
             return {}, []
         sessions = evaluate(policies, tokenizer, held_out, agent_config=agent_cfg, backend=generator,
                             user_speaker=learner_cfg.user_speaker, greedy=config.online.greedy_eval,
-                            seed=config.seed + EVAL_OFFSET)
+                            seed=config.seed + EVAL_OFFSET, users_in_flight=learner_cfg.users_in_flight)
         metrics = pooled_metrics(sessions, "eval")
         run.metrics.write("eval", {"episodes_seen": seen, **metrics}, step=seen)
         return metrics, _session_rows("before" if seen == 0 else "after", sessions)
@@ -548,9 +549,10 @@ def stage_online(run: Run) -> dict[str, Any]:
         extra = {"before": before, "before_rows": before_rows}
         bar = tqdm(stream, desc="online episodes", unit="ep", total=stream.total, initial=learner.episodes_seen,
                    leave=False)
-        for episode in bar:
-            out = learner.run_episode(episode)
-            run.metrics.write("online", {"episode": learner.episodes_seen, **out}, step=learner.episodes_seen)
+        for group in user_groups(bar, learner_cfg.users_in_flight, learner_cfg.update_every, learner.episodes_seen):
+            first = learner.episodes_seen + 1
+            for i, out in enumerate(learner.run_episodes(group)):
+                run.metrics.write("online", {"episode": first + i, **out}, step=first + i)
             if learner.episodes_seen % every == 0:
                 save(extra)
         if learner.has_pending():  # the episodes after the last update still teach: one last update

@@ -1,6 +1,6 @@
 """The memory agent: Planner/Trigger policies on backbones, their observations, and the per-turn loop."""
 
-from icml_jax.agents.agent import AgentConfig, MemoryAgent, PlannerDecision, Receipt, TriggerDecision
+from icml_jax.agents.agent import AgentConfig, MemoryAgent, PlannerDecision, Receipt, TriggerDecision, TurnInput
 from icml_jax.agents.observation import ObservationConfig, encode_planner, encode_trigger, planner_text, trigger_texts
 from icml_jax.agents.build import build_policies
 from icml_jax.agents.policy import (
@@ -26,6 +26,7 @@ __all__ = [
     "PlannerDecision",
     "Receipt",
     "TriggerDecision",
+    "TurnInput",
     "encode_planner",
     "encode_trigger",
     "param_labels",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -23,7 +23,8 @@ from icml_jax.llm.types import LLMBackend
 from icml_jax.memory.fragment import Fragment
 from icml_jax.memory.lexical import bm25_scores
 from icml_jax.memory.store import MemoryStore
-from icml_jax.memory.writer import TurnToSave, commit_saves, condense, save_turns, shown_for
+from icml_jax.memory.writer import TurnToSave, commit_saves, condense, shown_for
+from icml_jax.models.sampler import bucket
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +134,38 @@ TRIGGER_RULES = ("policy", "lexical")
 _NO_TOKENS = np.zeros((0,), np.int32)
 
 
+@dataclasses.dataclass(frozen=True)
+class TurnInput:
+    """One user turn for `MemoryAgent.step_many`: who, what, the dialogue before it and where it sits."""
+
+    user_id: str
+    utterance: str
+    history: tuple[tuple[str, str], ...] = ()
+    episode_id: str = "chat"
+    session: int = 0
+    turn: int = 0
+    metadata: Mapping[str, Any] | None = None  # travels with the back-end requests (offline back end: labels)
+    label: Mapping[str, Any] | None = None  # kept with a saved memory (see `MemoryAgent.remember`)
+
+    @property
+    def base(self) -> str:
+        """The prefix of this turn's decision ids."""
+        return f"{self.user_id}/{self.episode_id}/{self.session}/{self.turn}"
+
+
+def _pad_batch(arrays: tuple[np.ndarray, ...], keys: jax.Array) -> tuple[tuple[np.ndarray, ...], jax.Array]:
+    """Pads a decision batch to a power-of-two row count by repeating its first row (and key), so batched play
+    compiles one program per row bucket, not per number of users still playing; the extra rows are ignored."""
+    n = arrays[0].shape[0]
+    if keys.shape != (n,):
+        raise ValueError(f"need one key per decision: {n} decision(s), keys of shape {keys.shape}")
+    extra = bucket(n) - n
+    if not extra:
+        return arrays, keys
+    return (tuple(np.concatenate([a, np.repeat(a[:1], extra, axis=0)]) for a in arrays),
+            jax.numpy.concatenate([keys, jax.numpy.repeat(keys[:1], extra)]))
+
+
 class PolicyStateError(RuntimeError):
     """The policy produced non-finite probabilities: its parameters hold NaN or inf (a diverged training)."""
 
@@ -166,9 +199,11 @@ class MemoryAgent:
         self.key = jax.random.key(seed)
         self._pool: cf.ThreadPoolExecutor | None = None  # made by the first remote `step` without a pool
 
-    def _next_key(self) -> jax.Array:
-        self.key, key = jax.random.split(self.key)
-        return key
+    def _next_keys(self, n: int) -> jax.Array:
+        """`n` keys [n] from the agent's own stream (the chat; the learner passes per-decision keys instead)."""
+        keys = jax.random.split(self.key, n + 1)
+        self.key = keys[0]
+        return keys[1:]
 
     def choose_memory(
         self,
@@ -181,24 +216,38 @@ class MemoryAgent:
         turn: int = 0,
     ) -> tuple[TriggerDecision, Fragment | None]:
         """The Trigger's choice among `user_id`'s memories (the lexical prefilter's candidates) for `utterance`."""
+        return self.choose_memories([TurnInput(user_id, utterance, tuple(history), episode_id, session, turn)])[0]
+
+    def choose_memories(self, turns: Sequence[TurnInput], keys: jax.Array | None = None
+                        ) -> list[tuple[TriggerDecision, Fragment | None]]:
+        """`choose_memory` for several turns (of different users) in one Trigger forward pass; `keys` [len(turns)]
+        (None: the agent's stream) make each draw depend on its own key only. Each receipt keeps its rows as
+        scored alone (`encode_trigger` of one turn), so the update sees the same arrays whatever the batch."""
         cfg = self.config
-        base = f"{user_id}/{episode_id}/{session}/{turn}"
-        candidates = self.store.candidates(user_id, utterance, cfg.observation.max_candidates)
+        candidates = [self.store.candidates(t.user_id, t.utterance, cfg.observation.max_candidates) for t in turns]
         if cfg.trigger_rule == "lexical":
-            return self._lexical_choice(base, utterance, candidates)
+            return [self._lexical_choice(t.base, t.utterance, c) for t, c in zip(turns, candidates, strict=True)]
+        rows = []
+        for t, cands in zip(turns, candidates, strict=True):
+            options = obs.trigger_texts(t.history, t.utterance, [f.text for f in cands], cfg.observation)
+            tokens, mask, cand_mask = obs.encode_trigger(self.tokenizer, [options], cfg.observation)
+            rows.append((tokens[0], mask[0], cand_mask[0]))
+        keys = self._next_keys(len(turns)) if keys is None else keys
+        arrays, keys = _pad_batch(obs.stack_trigger(rows, obs.pad_token(self.tokenizer)), keys)
         graphdef, state = nnx.split(self.policies)
-        options = obs.trigger_texts(history, utterance, [f.text for f in candidates], cfg.observation)
-        t_tokens, t_mask, t_cand = obs.encode_trigger(self.tokenizer, [options], cfg.observation)
-        action, stats = trigger_act(graphdef, state, t_tokens, t_mask, t_cand, self._next_key(), greedy=cfg.greedy)
-        a = int(action[0])
-        probs = np.asarray(stats.probs[0])
-        _check_probs(probs[: len(options)], f"Trigger decision {base}")
-        trigger = TriggerDecision(
-            decision_id=base + "/trigger", candidate_ids=tuple(f.fragment_id for f in candidates), action=a,
-            prob=float(probs[a]), logp=float(stats.logp[0]), entropy=float(stats.entropy[0]),
-            value=float(stats.value[0]), probs=tuple(float(p) for p in probs[: len(options)]),
-            tokens=t_tokens[0], mask=t_mask[0], cand_mask=t_cand[0])
-        return trigger, (candidates[a - 1] if a else None)
+        action, stats = trigger_act(graphdef, state, *arrays, keys, greedy=cfg.greedy)
+        action, stats = jax.device_get((action, stats))
+        out = []
+        for i, (t, cands, (tokens, mask, cand_mask)) in enumerate(zip(turns, candidates, rows, strict=True)):
+            a, probs = int(action[i]), np.asarray(stats.probs[i, : len(cands) + 1])
+            _check_probs(probs, f"Trigger decision {t.base}")
+            trigger = TriggerDecision(
+                decision_id=t.base + "/trigger", candidate_ids=tuple(f.fragment_id for f in cands), action=a,
+                prob=float(probs[a]), logp=float(stats.logp[i]), entropy=float(stats.entropy[i]),
+                value=float(stats.value[i]), probs=tuple(float(p) for p in probs), tokens=tokens, mask=mask,
+                cand_mask=cand_mask)
+            out.append((trigger, cands[a - 1] if a else None))
+        return out
 
     @staticmethod
     def _lexical_choice(base: str, utterance: str, candidates: Sequence[Fragment]
@@ -264,23 +313,34 @@ class MemoryAgent:
         """The Planner's save decision for `utterance` and, when it saves, the stored memory. `label`: the turn's
         labels where the data has them (persona world: `fact`, `supersedes`), kept with the memory; only the
         offline back end reads them (to answer as a labelled writer would)."""
-        planner = self.decide_save(user_id, utterance, history=history, episode_id=episode_id, session=session,
-                                   turn=turn)
-        fragment = None
-        if planner.save:
-            (fragment,) = save_turns(
-                self.store, self.condenser, user_id,
-                [self._turn_to_save(planner, utterance, history, (episode_id, session, turn), label)],
-                policy_version=self.config.policy_version, note_max_tokens=self.config.note_max_tokens,
-                supersede=self.config.supersede_candidates)
-        return planner, fragment
+        turn_input = TurnInput(user_id, utterance, tuple(history), episode_id, session, turn, label=label)
+        planner = self.decide_saves([turn_input])[0]
+        return planner, self._save([turn_input], [planner])[0]
 
-    @staticmethod
-    def _turn_to_save(planner: PlannerDecision, utterance: str, history: Sequence[tuple[str, str]],
-                      where: tuple[str, int, int], label: Mapping[str, Any] | None) -> TurnToSave:
-        """The save request of a turn the Planner chose to save; `where`: (episode_id, session, turn)."""
-        extra = {"label": dict(label)} if label else {}
-        return TurnToSave(*where, utterance, tuple(history), planner.decision_id, extra)
+    def _saves(self, turns: Sequence[TurnInput], planners: Sequence[PlannerDecision]
+               ) -> list[tuple[int, TurnToSave]]:
+        """(index, save request) of each turn the Planner chose to save."""
+        return [(i, TurnToSave(t.episode_id, t.session, t.turn, t.utterance, t.history, p.decision_id,
+                               {"label": dict(t.label)} if t.label else {}))
+                for i, (t, p) in enumerate(zip(turns, planners, strict=True)) if p.save]
+
+    def _save(self, turns: Sequence[TurnInput], planners: Sequence[PlannerDecision]) -> list[Fragment | None]:
+        """Condenses the saved turns (one back-end call for all users) and commits each to its user's memory."""
+        saves = self._saves(turns, planners)
+        shown = [shown_for(self.store, turns[i].user_id, [save], self.config.supersede_candidates)[0]
+                 for i, save in saves]
+        condensed = condense(self.condenser, [save for _, save in saves],
+                             max_output_tokens=self.config.note_max_tokens, shown=shown) if saves else []
+        return self._commit(turns, saves, condensed, shown)
+
+    def _commit(self, turns: Sequence[TurnInput], saves: Sequence[tuple[int, TurnToSave]],
+                condensed: Sequence[Any], shown: Sequence[Sequence[Fragment]]) -> list[Fragment | None]:
+        """Stores each condensed note in its user's memory (one transaction per user turn); None where not saved."""
+        out: list[Fragment | None] = [None] * len(turns)
+        for (i, save), note, mems in zip(saves, condensed, shown, strict=True):
+            out[i] = commit_saves(self.store, turns[i].user_id, [save], [note], [mems],
+                                  policy_version=self.config.policy_version)[0]
+        return out
 
     def decide_save(
         self,
@@ -293,27 +353,37 @@ class MemoryAgent:
         turn: int = 0,
     ) -> PlannerDecision:
         """The Planner's save decision alone (no back-end request, no store write)."""
+        return self.decide_saves([TurnInput(user_id, utterance, tuple(history), episode_id, session, turn)])[0]
+
+    def decide_saves(self, turns: Sequence[TurnInput], keys: jax.Array | None = None) -> list[PlannerDecision]:
+        """`decide_save` for several turns (of different users) in one Planner forward pass (`keys` and the
+        receipts' rows as in `choose_memories`)."""
         cfg = self.config
-        graphdef, state = nnx.split(self.policies)
-        base = f"{user_id}/{episode_id}/{session}/{turn}"
-        shown: list[str] = []
-        if cfg.observation.planner_memories:  # M_k before this turn's save, the most similar few
-            frags = self.store.fragments(user_id, current_only=True)
-            shown = [frags[i].text for i in obs.planner_memory_indices(
-                utterance, [f"{f.text} {f.source_text}" for f in frags], cfg.observation)]
         if cfg.planner_rule == "save_all":  # the "without Planner" rule: nothing is scored
-            planner = PlannerDecision(base + "/planner", True, 1.0, 0.0, 0.0, 0.0, _NO_TOKENS,
-                                      _NO_TOKENS.astype(bool))
-        else:
-            p_text = obs.planner_text(history, utterance, cfg.observation, shown)
-            p_tokens, p_mask = obs.encode_planner(self.tokenizer, [p_text], cfg.observation)
-            save, pstats = planner_act(graphdef, state, p_tokens, p_mask, self._next_key(), greedy=cfg.greedy)
-            _check_probs(np.asarray(pstats.probs[:1]), f"Planner decision {base}")
-            planner = PlannerDecision(
-                decision_id=base + "/planner", save=bool(save[0]), prob_save=float(pstats.probs[0]),
-                logp=float(pstats.logp[0]), entropy=float(pstats.entropy[0]), value=float(pstats.value[0]),
-                tokens=p_tokens[0], mask=p_mask[0])
-        return planner
+            return [PlannerDecision(t.base + "/planner", True, 1.0, 0.0, 0.0, 0.0, _NO_TOKENS,
+                                    _NO_TOKENS.astype(bool)) for t in turns]
+        rows = []
+        for t in turns:
+            shown: list[str] = []
+            if cfg.observation.planner_memories:  # M_k before this turn's save, the most similar few
+                frags = self.store.fragments(t.user_id, current_only=True)
+                shown = [frags[i].text for i in obs.planner_memory_indices(
+                    t.utterance, [f"{f.text} {f.source_text}" for f in frags], cfg.observation)]
+            text = obs.planner_text(t.history, t.utterance, cfg.observation, shown)
+            tokens, mask = obs.encode_planner(self.tokenizer, [text], cfg.observation)
+            rows.append((tokens[0], mask[0]))
+        keys = self._next_keys(len(turns)) if keys is None else keys
+        arrays, keys = _pad_batch(obs.stack_planner(rows, obs.pad_token(self.tokenizer)), keys)
+        graphdef, state = nnx.split(self.policies)
+        save, stats = jax.device_get(planner_act(graphdef, state, *arrays, keys, greedy=cfg.greedy))
+        out = []
+        for i, (t, (tokens, mask)) in enumerate(zip(turns, rows, strict=True)):
+            _check_probs(np.asarray(stats.probs[i: i + 1]), f"Planner decision {t.base}")
+            out.append(PlannerDecision(
+                decision_id=t.base + "/planner", save=bool(save[i]), prob_save=float(stats.probs[i]),
+                logp=float(stats.logp[i]), entropy=float(stats.entropy[i]), value=float(stats.value[i]),
+                tokens=tokens, mask=mask))
+        return out
 
     def step(
         self,
@@ -328,50 +398,60 @@ class MemoryAgent:
         label: Mapping[str, Any] | None = None,
         pool: cf.Executor | None = None,
     ) -> tuple[str, Receipt]:
-        """Runs one turn for `user_id` (`respond`, then `remember`) and returns (reply, receipt).
+        """Runs one turn for `user_id` (`respond`, then `remember`) and returns (reply, receipt); see
+        `step_many`."""
+        turn_input = TurnInput(user_id, utterance, tuple(history), episode_id, session, turn, metadata, label)
+        return self.step_many([turn_input], pool=pool)[0]
+
+    def step_many(self, turns: Sequence[TurnInput], *, keys: tuple[jax.Array, jax.Array] | None = None,
+                  pool: cf.Executor | None = None) -> list[tuple[str, Receipt]]:
+        """One turn each for several users (at most one turn per user: each sees its own memory as left by its
+        previous turn): one Trigger and one Planner forward pass over all of them, one back-end call per kind of
+        request. `keys`: (Trigger keys, Planner keys), one per turn (None: the agent's stream).
 
         With a remote generator or condenser the reply and condense requests go out together on `pool` (the
         agent's own one-thread pool when None); decisions, store reads and writes stay on this thread, in the
-        sequential order, so the receipt is the same as the sequential path's for the same answers.
+        sequential order, so each receipt is the one `step` alone would give for the same answers and keys.
         """
-        where = dict(history=history, episode_id=episode_id, session=session, turn=turn)
+        users = [t.user_id for t in turns]
+        if len(set(users)) != len(users):
+            raise ValueError(f"MemoryAgent.step_many: one turn per user, got users {users}")
+        t_keys, p_keys = keys if keys is not None else (None, None)
+        chosen = self.choose_memories(turns, t_keys)
+        write = functools.partial(self.write_replies, [(t.utterance, used, t.history, t.metadata)
+                                                       for t, (_, used) in zip(turns, chosen, strict=True)])
         if not self.is_remote:
-            trigger, used, reply = self.respond(user_id, utterance, metadata=metadata, **where)
-            planner, fragment = self.remember(user_id, utterance, label=label, **where)
+            replies = write()
+            planners = self.decide_saves(turns, p_keys)
+            fragments = self._save(turns, planners)
         else:
-            trigger, used, reply, planner, fragment = self._step_concurrent(
-                user_id, utterance, where, metadata, label, pool or self._own_pool())
-        receipt = Receipt(user_id, episode_id, session, turn, utterance, reply.text, trigger, planner, used,
-                          fragment, self.config.policy_version)
-        return reply.text, receipt
+            planners = self.decide_saves(turns, p_keys)
+            replies, fragments = self._reply_and_save_concurrent(turns, planners, write, pool or self._own_pool())
+        return [(reply.text, Receipt(t.user_id, t.episode_id, t.session, t.turn, t.utterance, reply.text, trigger,
+                                     planner, used, fragment, self.config.policy_version))
+                for t, (trigger, used), reply, planner, fragment
+                in zip(turns, chosen, replies, planners, fragments, strict=True)]
 
     @property
     def is_remote(self) -> bool:
         """Whether a back end sends each request over the network (then overlapping requests saves wall time)."""
         return bool(getattr(self.generator, "remote", False) or getattr(self.condenser, "remote", False))
 
-    def _step_concurrent(self, user_id: str, utterance: str, where: dict[str, Any],
-                         metadata: Mapping[str, Any] | None, label: Mapping[str, Any] | None, pool: cf.Executor
-                         ) -> tuple[TriggerDecision, Fragment | None, Reply, PlannerDecision, Fragment | None]:
-        """`step`'s remote path: both decisions (Trigger first, as sequentially), then reply and condense in
-        flight together (the remote one of them on `pool`, a local one here), then the store writes here."""
+    def _reply_and_save_concurrent(self, turns: Sequence[TurnInput], planners: Sequence[PlannerDecision],
+                                   write: Callable[[], list[Reply]], pool: cf.Executor
+                                   ) -> tuple[list[Reply], list[Fragment | None]]:
+        """`step_many`'s remote path after both decisions: replies and notes in flight together (the remote one of
+        them on `pool`, a local one here), then the store writes here."""
         cfg = self.config
-        trigger, used = self.choose_memory(user_id, utterance, **where)
-        planner = self.decide_save(user_id, utterance, **where)
-        history = where["history"]
-        write = functools.partial(self.write_reply, utterance, used, history=history, metadata=metadata)
-        if not planner.save:  # nothing to overlap with
-            return trigger, used, write(), planner, None
-        save = [self._turn_to_save(planner, utterance, history,
-                                   (where["episode_id"], where["session"], where["turn"]), label)]
-        shown = shown_for(self.store, user_id, save, cfg.supersede_candidates)
-        note = functools.partial(condense, self.condenser, save, max_output_tokens=cfg.note_max_tokens, shown=shown)
+        saves = self._saves(turns, planners)
+        if not saves:  # nothing to overlap with
+            return write(), [None] * len(turns)
+        shown = [shown_for(self.store, turns[i].user_id, [save], cfg.supersede_candidates)[0] for i, save in saves]
+        note = functools.partial(condense, self.condenser, [save for _, save in saves],
+                                 max_output_tokens=cfg.note_max_tokens, shown=shown)
         # the remote request goes out on `pool`; the other one runs here meanwhile (a local back end's model
         # stays on this thread)
-        if getattr(self.generator, "remote", False):
-            here, there = note, write
-        else:
-            here, there = write, note
+        here, there = (note, write) if getattr(self.generator, "remote", False) else (write, note)
         future = pool.submit(there)
         try:
             done_here = here()
@@ -379,9 +459,8 @@ class MemoryAgent:
             cf.wait([future])  # nothing left in flight behind a failure
             raise
         done_there = future.result()
-        condensed, reply = (done_here, done_there) if here is note else (done_there, done_here)
-        fragment = commit_saves(self.store, user_id, save, condensed, shown, policy_version=cfg.policy_version)[0]
-        return trigger, used, reply, planner, fragment
+        condensed, replies = (done_here, done_there) if here is note else (done_there, done_here)
+        return replies, self._commit(turns, saves, condensed, shown)
 
     def _own_pool(self) -> cf.Executor:
         """The agent's lazily created pool for `step` calls that pass none (closed by `close`)."""

@@ -92,7 +92,7 @@ def length_bucket(rows: Sequence[Sequence[int]], config: ObservationConfig) -> i
 def encode_planner(tokenizer, texts: Sequence[str], config: ObservationConfig) -> tuple[np.ndarray, np.ndarray]:
     """tokens/mask [B, L] for Planner observations."""
     rows = _encode(tokenizer, texts, config.max_length)
-    return pad_left(rows, length_bucket(rows, config), _pad_id(tokenizer))
+    return pad_left(rows, length_bucket(rows, config), pad_token(tokenizer))
 
 
 def encode_trigger(
@@ -104,7 +104,7 @@ def encode_trigger(
     encoded = [_encode(tokenizer, texts, config.max_length) for texts in options]
     length = length_bucket([r for rows in encoded for r in rows], config)
     cands = bucket(max(len(rows) for rows in encoded), config.min_candidate_bucket)
-    pad = _pad_id(tokenizer)
+    pad = pad_token(tokenizer)
     tokens = np.full((len(options), cands, length), pad, np.int32)
     mask = np.zeros((len(options), cands, length), bool)
     cand_mask = np.zeros((len(options), cands), bool)
@@ -114,6 +114,38 @@ def encode_trigger(
     return tokens, mask, cand_mask
 
 
-def _pad_id(tokenizer) -> int:
+def left_pad(x: np.ndarray, length: int, fill: object) -> np.ndarray:
+    """Pads the last axis of x on the left to `length`."""
+    extra = length - x.shape[-1]
+    if extra < 0:
+        raise ValueError(f"cannot left-pad length {x.shape[-1]} to {length}")
+    return np.pad(x, [(0, 0)] * (x.ndim - 1) + [(extra, 0)], constant_values=fill)
+
+
+def stack_planner(rows: Sequence[tuple[np.ndarray, np.ndarray]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """One batch tokens/mask [B, L] from per-decision Planner rows ([L_i] each, as `encode_planner` made them
+    alone), left-padded to the longest: several users' decisions in one forward pass."""
+    length = max(t.shape[-1] for t, _ in rows)
+    return (np.stack([left_pad(t, length, pad_id) for t, _ in rows]),
+            np.stack([left_pad(m, length, False) for _, m in rows]))
+
+
+def stack_trigger(rows: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], pad_id: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One batch tokens/mask [B, C, L] and cand_mask [B, C] from per-decision Trigger rows ([C_i, L_i] each, as
+    `encode_trigger` made them alone): lengths left-padded, the candidate axis padded with absent options."""
+    cands = max(t.shape[0] for t, _, _ in rows)
+    length = max(t.shape[-1] for t, _, _ in rows)
+    tokens = np.full((len(rows), cands, length), pad_id, np.int32)
+    mask = np.zeros((len(rows), cands, length), bool)
+    cand_mask = np.zeros((len(rows), cands), bool)
+    for b, (t, m, c) in enumerate(rows):
+        tokens[b, : t.shape[0]], mask[b, : t.shape[0]] = left_pad(t, length, pad_id), left_pad(m, length, False)
+        cand_mask[b, : t.shape[0]] = c
+    return tokens, mask, cand_mask
+
+
+def pad_token(tokenizer) -> int:
+    """The id padding is written with: the pad token, else EOS, else 0."""
     pad = tokenizer.pad_token_id
     return int(pad if pad is not None else (tokenizer.eos_token_id or 0))

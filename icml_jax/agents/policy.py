@@ -279,20 +279,29 @@ def trigger_evaluate(policies: MemoryPolicies, tokens: Array, mask: Array, cand_
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "greedy"))
 def planner_act(graphdef, state, tokens, mask, key, *, greedy: bool = False) -> tuple[Array, ActionStats]:
-    """Samples (or, greedy, thresholds at 0.5) save decisions [B] and returns their statistics."""
+    """Samples (or, greedy, thresholds at 0.5) save decisions [B] and returns their statistics. `key`: one key
+    for the batch, or one per row [B] (batched play: each row's draw then depends on its own key only)."""
     policies = nnx.merge(graphdef, state)
     logit, value = planner_forward(policies, tokens, mask)
-    action = (logit > 0) if greedy else jax.random.bernoulli(key, jax.nn.sigmoid(logit))
+    p = jax.nn.sigmoid(logit)
+    sample = jax.vmap(jax.random.bernoulli) if key.ndim else jax.random.bernoulli
+    action = (logit > 0) if greedy else sample(key, p)
     action = action.astype(jnp.int32)
     return action, bernoulli_stats(logit, action, value)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "greedy"))
 def trigger_act(graphdef, state, tokens, mask, cand_mask, key, *, greedy: bool = False) -> tuple[Array, ActionStats]:
-    """Samples (or takes the argmax of) a candidate index [B] (0 = no memory) and returns its statistics."""
+    """Samples (or takes the argmax of) a candidate index [B] (0 = no memory) and returns its statistics. `key`:
+    one key for the batch, or one per row [B] (as `planner_act`)."""
     policies = nnx.merge(graphdef, state)
     logits, value = trigger_forward(policies, tokens, mask, cand_mask)
-    action = jnp.argmax(logits, -1) if greedy else jax.random.categorical(key, logits, axis=-1)
+    if greedy:
+        action = jnp.argmax(logits, -1)
+    elif key.ndim:
+        action = jax.vmap(jax.random.categorical)(key, logits)
+    else:
+        action = jax.random.categorical(key, logits, axis=-1)
     action = action.astype(jnp.int32)
     return action, categorical_stats(logits, action, cand_mask, value)
 

@@ -31,7 +31,8 @@ from icml_jax.memory.store import MemoryStore
 from icml_jax.models.decoder import Decoder
 from icml_jax.models.lora import LoraConfig, apply_lora
 from icml_jax.rl.config import PPOConfig, RewardConfig
-from icml_jax.rl.learner import LearnerConfig, OnlineLearner, SessionCounts, evaluate, pooled_metrics
+from icml_jax.rl.learner import (LearnerConfig, OnlineLearner, SessionCounts, evaluate, pooled_metrics,
+                                 user_groups)
 
 EVAL_OFFSET = 1_000_000  # held-out episodes are generated from this index on
 
@@ -67,6 +68,7 @@ class PersonaRunConfig:
                                minibatch_size=4)
     reward: RewardConfig = RewardConfig(save_cost=0.5)
     update_every: int = 1
+    users_in_flight: int = 1  # episodes played in lockstep, decisions batched (divides update_every)
     supersede_candidates: int = 3  # 0: memories are only appended (the "without supersede" arm)
 
 
@@ -103,7 +105,7 @@ def build_learner(config: PersonaRunConfig, tokenizer_dir: Path) -> tuple[Online
         policies, tokenizer, MemoryStore(), backend,
         proxy_judge=ProxyJudge(backend), quality_judge=QualityJudge(backend),
         config=LearnerConfig(ppo=config.ppo, reward=config.reward, update_every=config.update_every,
-                             seed=config.seed, agent=AgentConfig(observation=config.observation,
+                             users_in_flight=config.users_in_flight, seed=config.seed, agent=AgentConfig(observation=config.observation,
                                                                  supersede_candidates=config.supersede_candidates)))
     return learner, tokenizer
 
@@ -129,11 +131,12 @@ def run_persona_world(config: PersonaRunConfig, *, log: Callable[[str], None] | 
             log(format_row(seen, metrics))
 
     checkpoint(0)
-    for i, episode in enumerate(train, start=1):
-        out = learner.run_episode(episode)
-        if "update/index" in out:
-            updates.append(out)
-        if i % config.eval_every == 0 or i == len(train):
+    for group in user_groups(train, config.users_in_flight, config.update_every):
+        for out in learner.run_episodes(group):
+            if "update/index" in out:
+                updates.append(out)
+        i = learner.episodes_seen
+        if i // config.eval_every > (i - len(group)) // config.eval_every or i == len(train):
             checkpoint(i)
     return PersonaRunResult(curve, eval_sessions, list(learner.session_log), updates, time.perf_counter() - start)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from icml_jax.agents.agent import AgentConfig, MemoryAgent, Receipt
+from icml_jax.agents.agent import AgentConfig, MemoryAgent, Receipt, TurnInput
 from icml_jax.agents.policy import TRAINABLE, MemoryPolicies
 from icml_jax.data.schema import Episode
 from icml_jax.llm.judges import ProxyInput, ProxyJudge, QualityInput, QualityJudge
@@ -59,11 +59,16 @@ class LearnerConfig:
     seed: int = 0
     user_speaker: str | None = "user"  # the agent acts on this speaker's turns; None: on every turn (real data)
     fresh_memory: bool = True  # wipe the user's memory when one of its episodes starts (replays start clean)
+    users_in_flight: int = 1  # episodes (users) played in lockstep, their decisions batched (divides update_every)
     divergence: DivergenceConfig = DivergenceConfig()  # when an update counts as diverged, and what then
 
     def __post_init__(self) -> None:
         if not isinstance(self.update_every, int) or self.update_every < 1:
             raise ValueError(f"LearnerConfig.update_every must be a positive int, got {self.update_every!r}")
+        b = self.users_in_flight
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1 or self.update_every % b:
+            raise ValueError(f"LearnerConfig.users_in_flight must be a positive int dividing update_every="
+                             f"{self.update_every} (an update falls between groups of users), got {b!r}")
         if self.agent.greedy:
             raise ValueError("LearnerConfig.agent.greedy must be False: PPO needs sampled decisions")
         if self.agent.planner_rule != "policy" and self.agent.trigger_rule != "policy":
@@ -217,6 +222,53 @@ def _unique_backends(backends: Iterable[Any]) -> list[Any]:
     return out
 
 
+def agent_turns(episode: Episode, user_speaker: str | None) -> list[tuple[int, int, tuple[tuple[str, str], ...]]]:
+    """(session, turn, dialogue before it) of each turn the agent acts on (`user_speaker`'s; None: every turn),
+    in order; the dialogue is the session's gold one (the evaluation protocol)."""
+    out = []
+    for s, session in enumerate(episode.sessions):
+        history: list[tuple[str, str]] = []
+        for t, turn in enumerate(session.turns):
+            if user_speaker is None or turn.speaker == user_speaker:
+                out.append((s, t, tuple(history)))
+            history.append((turn.speaker, turn.text))
+    return out
+
+
+def lockstep(schedules: Sequence[Sequence[tuple[Any, ...]]]) -> Iterator[list[tuple[Any, ...]]]:
+    """Batched play's ticks: per tick, (episode index, *entry) of the next entry of each schedule not yet done."""
+    for k in range(max((len(x) for x in schedules), default=0)):
+        yield [(i, *x[k]) for i, x in enumerate(schedules) if k < len(x)]
+
+
+def user_groups(episodes: Iterable[Episode], size: int, update_every: int, seen: int = 0
+                ) -> Iterator[list[Episode]]:
+    """Consecutive episodes in groups for `OnlineLearner.run_episodes`: at most `size`, distinct users (episode
+    ids), never across an update (the count `seen` + played reaching a multiple of `update_every`), so every
+    update and checkpoint falls between groups."""
+    group: list[Episode] = []
+    for episode in episodes:
+        if any(e.episode_id == episode.episode_id for e in group):  # the same user twice: its turns are ordered
+            yield group
+            seen, group = seen + len(group), []
+        group.append(episode)
+        if len(group) == size or (seen + len(group)) % update_every == 0:
+            yield group
+            seen, group = seen + len(group), []
+    if group:
+        yield group
+
+@jax.jit
+def decision_keys(key: jax.Array, where: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Trigger and Planner keys [N] of the decisions at `where` [N, 3] = (episode ordinal, session, turn): each
+    draw depends on the run's key and its place only, not on which other users share its batch or process."""
+    def one(w: jax.Array) -> jax.Array:
+        k = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, w[0]), w[1]), w[2])
+        return jax.random.split(k)
+    pairs = jax.vmap(one)(where)
+    return pairs[:, 0], pairs[:, 1]
+
+
 class OnlineLearner:
     """Algorithm 1: the memory agent plays episodes, earns rewards and is updated by joint PPO."""
 
@@ -249,6 +301,7 @@ class OnlineLearner:
         self.session_log: list[SessionCounts] = []  # every session played, in order (the learning curve)
         self.last_finalized: list[SaveReward] = []  # save rewards emitted by the last update (inspection, logs)
         self.last_receipts: list[Receipt] = []  # the receipts of the last episode played (inspection, `/why`)
+        self.last_records: list[_TurnRecord] = []  # the turns the last update trained on, with their rewards
         self.episodes_seen = 0
         self.updates = 0
         self.turns_seen = 0
@@ -269,25 +322,49 @@ class OnlineLearner:
 
         Returns the episode's metrics, plus the update's metrics when one ran.
         """
-        user = user_id or episode.episode_id
+        return self.run_episodes([episode], None if user_id is None else [user_id])[0]
+
+    def run_episodes(self, episodes: Sequence[Episode], user_ids: Sequence[str] | None = None
+                     ) -> list[dict[str, float]]:
+        """Plays `episodes` (distinct users) in lockstep: per tick, every episode still playing takes its next
+        turn, decided in one Trigger and one Planner forward pass over all of them (`MemoryAgent.step_many`);
+        memories and pending rewards stay per user. Each decision's key depends only on (episode ordinal, session,
+        turn), and the turns join the update in episode order, so the result is the one of playing the episodes
+        one by one (`users_in_flight=1`) up to float rounding of the batched forward passes.
+
+        Returns each episode's metrics, in order; an update runs when the count of episodes reaches a multiple of
+        `update_every` (its metrics join that episode's).
+        """
+        users = list(user_ids) if user_ids is not None else [e.episode_id for e in episodes]
+        if len(users) != len(episodes) or len(set(users)) != len(users):
+            raise ValueError(f"OnlineLearner.run_episodes: one distinct user per episode, got {users} for "
+                             f"{[e.episode_id for e in episodes]}")
+        schedules = [agent_turns(e, self.config.user_speaker) for e in episodes]
+        for e, sched in zip(episodes, schedules, strict=True):
+            if not sched:
+                whose = ("any speaker" if self.config.user_speaker is None
+                         else f"speaker {self.config.user_speaker!r}")
+                raise ValueError(f"episode {e.episode_id!r} has no turn of {whose} (LearnerConfig.user_speaker)")
         if self.config.fresh_memory:
-            self.store.delete_user(user)
-        key = self.episodes_seen
-        receipts: list[Receipt] = []
-        for s, session in enumerate(episode.sessions):
-            history: list[tuple[str, str]] = []
-            for t, turn in enumerate(session.turns):
-                if self.config.user_speaker is None or turn.speaker == self.config.user_speaker:
-                    receipts.append(self.step_turn(episode, user, s, t, history, key))
-                history.append((turn.speaker, turn.text))
-        if not receipts:
-            whose = "any speaker" if self.config.user_speaker is None else f"speaker {self.config.user_speaker!r}"
-            raise ValueError(f"episode {episode.episode_id!r} has no turn of {whose} (LearnerConfig.user_speaker)")
+            for user in users:
+                self.store.delete_user(user)
+        keys = [self.episodes_seen + i for i in range(len(episodes))]
+        records: list[list[_TurnRecord]] = [[] for _ in episodes]
+        for tick in lockstep(schedules):
+            played = self._play_turns([(episodes[i], users[i], s, t, hist, keys[i]) for i, s, t, hist in tick])
+            for (i, *_), rec in zip(tick, played, strict=True):
+                records[i].append(rec)
+        return [self._finish_episode(e, u, recs) for e, u, recs in zip(episodes, users, records, strict=True)]
+
+    def _finish_episode(self, episode: Episode, user: str, records: list[_TurnRecord]) -> dict[str, float]:
+        """An episode's bookkeeping once played: its turns join the next update, its label counts the curve."""
+        self._turns += records
+        receipts = [rec.receipt for rec in records]
         self._closed.add(user)
         self.last_receipts = receipts
         self.episodes_seen += 1
         counts = session_counts(episode, receipts)
-        for rec in self._turns[len(self._turns) - len(receipts):]:  # this episode's records: the judged rewards
+        for rec in records:  # the judged rewards
             c = counts[rec.receipt.session]
             if rec.r_qual is not None:
                 c.quality_sum, c.quality_n = c.quality_sum + rec.r_qual, c.quality_n + 1
@@ -304,51 +381,59 @@ class OnlineLearner:
     def step_turn(self, episode: Episode, user: str, session: int, turn: int,
                   history: Sequence[tuple[str, str]], episode_key: int | None = None) -> Receipt:
         """One user turn of Algorithm 1; the decision waits for the next update with its rewards."""
-        item = episode.sessions[session].turns[turn]
-        ref = [episode.episode_id, session, turn]
-        hist = tuple(history)
-        label = None if item.y_p is None else float(item.y_p)
-        proxy_input = ProxyInput(item.text, hist, label=label)
+        key = self.episodes_seen if episode_key is None else episode_key
+        (record,) = self._play_turns([(episode, user, session, turn, tuple(history), key)])
+        self._turns.append(record)
+        return record.receipt
+
+    def _play_turns(self, turns: Sequence[tuple[Episode, str, int, int, tuple[tuple[str, str], ...], int]]
+                    ) -> list[_TurnRecord]:
+        """One turn of each of several users, (episode, user, session, turn, history, episode key) each: the
+        agent's step, both judges and the rewards known at once (the truth reward of a used memory's save, a
+        discard's reward); the records come back in order."""
+        items = [episode.sessions[s].turns[t] for episode, _, s, t, _, _ in turns]
+        inputs = [TurnInput(user, item.text, hist, episode.episode_id, s, t, label=memory_label(item))
+                  for (episode, user, s, t, hist, _), item in zip(turns, items, strict=True)]
+        proxy_inputs = [ProxyInput(item.text, hist, label=None if item.y_p is None else float(item.y_p))
+                        for (_, _, _, _, hist, _), item in zip(turns, items, strict=True)]
+        keys = decision_keys(self.agent.key, np.asarray([(k, s, t) for _, _, s, t, _, k in turns], np.int32))
         pool = self._request_pool() if self.is_remote else None
         remote_proxy = pool is not None and getattr(self.proxy_judge.backend, "remote", False)
-        proxy_f = pool.submit(self.proxy_judge.judge, [proxy_input]) if remote_proxy else None
-        try:  # the proxy judge needs only the turn: with remote back ends it is in flight during the agent's step
-            reply, receipt = self.agent.step(user, item.text, history=hist, episode_id=episode.episode_id,
-                                             session=session, turn=turn, label=memory_label(item), pool=pool)
+        proxy_f = pool.submit(self.proxy_judge.judge, proxy_inputs) if remote_proxy else None
+        try:  # the proxy judge needs only the turns: with remote back ends it is in flight during the agent's step
+            steps = self.agent.step_many(inputs, keys=keys, pool=pool)
+            qualities = self.quality_judge.judge([
+                QualityInput(hist, item.text, reply, r.memory_used.text if r.memory_used else None,
+                             label_needed=None if item.y_t is None else
+                             [[episode.episode_id, n.session, n.turn] for n in item.y_t],
+                             used_ref=list(r.memory_used.ref) if r.memory_used else None)
+                for (episode, _, _, _, hist, _), item, (reply, r) in zip(turns, items, steps, strict=True)])
         except BaseException:
             if proxy_f is not None:
                 cf.wait([proxy_f])
             raise
-        used = receipt.memory_used
-        needed = None if item.y_t is None else [[episode.episode_id, r.session, r.turn] for r in item.y_t]
-        try:
-            (quality,) = self.quality_judge.judge([QualityInput(
-                hist, item.text, reply, used.text if used else None, label_needed=needed,
-                used_ref=list(used.ref) if used else None)])
-        except BaseException:
-            if proxy_f is not None:
-                cf.wait([proxy_f])
-            raise
-        r_qual = quality.score if quality.ok else None
-        if r_qual is None:
-            self._since["quality_failures"] += 1
-        elif receipt.trigger.fragment_id is not None:  # the cross-session truth reward of the save that made it
-            self.buffer.on_trigger(user, receipt.trigger.fragment_id, r_qual, turn_ref=ref)
-
-        (proxy,) = proxy_f.result() if proxy_f is not None else self.proxy_judge.judge([proxy_input])
-        r_proxy = proxy.score if proxy.ok else None
-        reward = None
-        if r_proxy is None:
-            self._since["proxy_failures"] += 1
-        elif receipt.fragment is not None:
-            self.buffer.add(fragment_id=receipt.fragment.fragment_id, user_id=user,
-                            decision_id=receipt.planner.decision_id, r_proxy=r_proxy, created_ref=ref)
-        else:
-            reward = float(planner_reward(False, r_proxy, self.config.reward))
-        key = self.episodes_seen if episode_key is None else episode_key
-        self._turns.append(_TurnRecord(receipt, key, r_qual, r_proxy, reward))
-        self.turns_seen += 1
-        return receipt
+        proxies = proxy_f.result() if proxy_f is not None else self.proxy_judge.judge(proxy_inputs)
+        records = []
+        for (episode, user, s, t, _, key), (_, receipt), quality, proxy in zip(turns, steps, qualities, proxies,
+                                                                               strict=True):
+            ref = [episode.episode_id, s, t]
+            r_qual = quality.score if quality.ok else None
+            if r_qual is None:
+                self._since["quality_failures"] += 1
+            elif receipt.trigger.fragment_id is not None:  # the cross-session truth reward of the save behind it
+                self.buffer.on_trigger(user, receipt.trigger.fragment_id, r_qual, turn_ref=ref)
+            r_proxy = proxy.score if proxy.ok else None
+            reward = None
+            if r_proxy is None:
+                self._since["proxy_failures"] += 1
+            elif receipt.fragment is not None:
+                self.buffer.add(fragment_id=receipt.fragment.fragment_id, user_id=user,
+                                decision_id=receipt.planner.decision_id, r_proxy=r_proxy, created_ref=ref)
+            else:
+                reward = float(planner_reward(False, r_proxy, self.config.reward))
+            records.append(_TurnRecord(receipt, key, r_qual, r_proxy, reward))
+        self.turns_seen += len(records)
+        return records
 
     @property
     def is_remote(self) -> bool:
@@ -392,6 +477,7 @@ class OnlineLearner:
         ready = [self._holdover.pop(d) for d in list(self._holdover) if d in finalized]
         for rec in ready:
             rec.planner_reward = finalized[rec.receipt.planner.decision_id].reward
+        self.last_records = records + ready
         slots = self._slots(records, ready)
         size = self.config.ppo.minibatch_size
         cuts = partition(slots, size, self.rng)  # one partition for all epochs (see rl.update)
@@ -553,37 +639,40 @@ def evaluate(
     user_speaker: str | None = "user",
     greedy: bool = False,
     seed: int = 0,
+    users_in_flight: int = 1,
 ) -> list[SessionCounts]:
     """Per-session label counts of the policies on labelled episodes, fresh memory per episode, no learning.
 
     The agent acts on `user_speaker`'s turns (None: on every turn, as online on real data).
-    `greedy=False` samples decisions as the online agent does (seeded: the same `seed` gives the same draws
-    for the same probabilities); `greedy=True` takes the most likely ones.
+    `greedy=False` samples decisions as the online agent does (seeded: each draw depends on `seed` and the
+    decision's place, so the same probabilities give the same draws); `greedy=True` takes the most likely ones.
+    `users_in_flight` episodes are played in lockstep, their decisions batched (same counts).
     """
+    if isinstance(users_in_flight, bool) or not isinstance(users_in_flight, int) or users_in_flight < 1:
+        raise ValueError(f"evaluate: users_in_flight must be a positive int, got {users_in_flight!r}")
     cfg = dataclasses.replace(agent_config or AgentConfig(), greedy=greedy)
     backend = backend or OfflineBackend()
     with MemoryStore() as store:
         agent = MemoryAgent(policies, tokenizer, store, backend, config=cfg, seed=seed)
         try:
-            out = _evaluate_episodes(agent, episodes, user_speaker)
+            out = []
+            for start in range(0, len(episodes), users_in_flight):
+                group = episodes[start: start + users_in_flight]
+                out += _evaluate_group(agent, group, start, user_speaker)
         finally:
             agent.close()  # its request pool, made when the back end is remote
     return out
 
 
-def _evaluate_episodes(agent: MemoryAgent, episodes: Sequence[Episode], user_speaker: str | None
-                       ) -> list[SessionCounts]:
-    """`evaluate`'s loop: every episode played by `agent`, its per-session label counts."""
-    out: list[SessionCounts] = []
-    for episode in episodes:
-        receipts = []
-        for s, session in enumerate(episode.sessions):
-            history: list[tuple[str, str]] = []
-            for t, turn in enumerate(session.turns):
-                if user_speaker is None or turn.speaker == user_speaker:
-                    receipts.append(agent.step(episode.episode_id, turn.text, history=tuple(history),
-                                               episode_id=episode.episode_id, session=s, turn=t,
-                                               label=memory_label(turn))[1])
-                history.append((turn.speaker, turn.text))
-        out += session_counts(episode, receipts)
-    return out
+def _evaluate_group(agent: MemoryAgent, episodes: Sequence[Episode], first: int, user_speaker: str | None
+                    ) -> list[SessionCounts]:
+    """`evaluate`'s play of consecutive episodes (the first is number `first`) in lockstep; their label counts."""
+    receipts: list[list[Receipt]] = [[] for _ in episodes]
+    for tick in lockstep([agent_turns(e, user_speaker) for e in episodes]):
+        inputs = [TurnInput(episodes[i].episode_id, episodes[i].sessions[s].turns[t].text, hist,
+                            episodes[i].episode_id, s, t, label=memory_label(episodes[i].sessions[s].turns[t]))
+                  for i, s, t, hist in tick]
+        keys = decision_keys(agent.key, np.asarray([(first + i, s, t) for i, s, t, _ in tick], np.int32))
+        for (i, *_), (_, receipt) in zip(tick, agent.step_many(inputs, keys=keys), strict=True):
+            receipts[i].append(receipt)
+    return [c for e, r in zip(episodes, receipts, strict=True) for c in session_counts(e, r)]

@@ -38,6 +38,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from icml_jax import parallel
+from icml_jax.agents.observation import left_pad
 from icml_jax.agents.policy import TRAINABLE, MemoryPolicies, planner_evaluate, trainable_group, trigger_evaluate
 from icml_jax.rl.config import PPOConfig
 from icml_jax.rl.divergence import DivergenceConfig, DivergenceMonitor, StepFigures
@@ -225,14 +226,6 @@ class Slot:
     trigger: TriggerItem | None
 
 
-def _left_pad(x: np.ndarray, length: int, fill: Any) -> np.ndarray:
-    """Pads the last axis of x on the left to `length`."""
-    extra = length - x.shape[-1]
-    if extra < 0:
-        raise ValueError(f"cannot left-pad length {x.shape[-1]} to {length}")
-    return np.pad(x, [(0, 0)] * (x.ndim - 1) + [(extra, 0)], constant_values=fill)
-
-
 def _dummy_row(shape: tuple[int, ...], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """Tokens/mask of an invalid row: one real (pad) token at the end, so every computation stays finite."""
     tokens = np.full(shape, pad_id, np.int32)
@@ -261,13 +254,13 @@ def collate(slots: Sequence[Slot], size: int, pad_id: int = 0) -> Minibatch:
     t_valid = np.zeros(size, bool)
     for i, slot in enumerate(slots):
         if (it := slot.planner) is not None:
-            p_tok[i] = _left_pad(it.tokens, lp, pad_id)
-            p_mask[i] = _left_pad(it.mask, lp, False)
+            p_tok[i] = left_pad(it.tokens, lp, pad_id)
+            p_mask[i] = left_pad(it.mask, lp, False)
             p_act[i], p_adv[i], p_ret[i], p_valid[i] = it.action, it.advantage, it.ret, True
         if (it := slot.trigger) is not None:
             c = it.tokens.shape[0]
-            t_tok[i, :c] = _left_pad(it.tokens, lt, pad_id)
-            t_mask[i, :c] = _left_pad(it.mask, lt, False)
+            t_tok[i, :c] = left_pad(it.tokens, lt, pad_id)
+            t_mask[i, :c] = left_pad(it.mask, lt, False)
             t_cand[i] = False
             t_cand[i, :c] = it.cand_mask
             t_act[i], t_adv[i], t_ret[i], t_valid[i] = it.action, it.advantage, it.ret, True
