@@ -153,17 +153,18 @@ class TurnInput:
         return f"{self.user_id}/{self.episode_id}/{self.session}/{self.turn}"
 
 
-def _pad_batch(arrays: tuple[np.ndarray, ...], keys: jax.Array) -> tuple[tuple[np.ndarray, ...], jax.Array]:
-    """Pads a decision batch to a power-of-two row count by repeating its first row (and key), so batched play
-    compiles one program per row bucket, not per number of users still playing; the extra rows are ignored."""
+def _pad_batch(arrays: tuple[np.ndarray, ...], keys: np.ndarray) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """Pads a decision batch (and its raw key data) to a power-of-two row count by repeating its first row, so
+    batched play compiles one program per row bucket, not per number of users still playing; extra rows are
+    ignored."""
     n = arrays[0].shape[0]
-    if keys.shape != (n,):
+    if keys.shape[0] != n:
         raise ValueError(f"need one key per decision: {n} decision(s), keys of shape {keys.shape}")
     extra = bucket(n) - n
     if not extra:
         return arrays, keys
-    return (tuple(np.concatenate([a, np.repeat(a[:1], extra, axis=0)]) for a in arrays),
-            jax.numpy.concatenate([keys, jax.numpy.repeat(keys[:1], extra)]))
+    pad = lambda a: np.concatenate([a, np.repeat(a[:1], extra, axis=0)])  # noqa: E731
+    return tuple(pad(a) for a in arrays), pad(keys)
 
 
 class PolicyStateError(RuntimeError):
@@ -199,11 +200,12 @@ class MemoryAgent:
         self.key = jax.random.key(seed)
         self._pool: cf.ThreadPoolExecutor | None = None  # made by the first remote `step` without a pool
 
-    def _next_keys(self, n: int) -> jax.Array:
-        """`n` keys [n] from the agent's own stream (the chat; the learner passes per-decision keys instead)."""
+    def _next_keys(self, n: int) -> np.ndarray:
+        """`n` keys from the agent's own stream as raw key data [n, ...] (the chat; the learner passes
+        per-decision keys instead)."""
         keys = jax.random.split(self.key, n + 1)
         self.key = keys[0]
-        return keys[1:]
+        return np.asarray(jax.random.key_data(keys))[1:]
 
     def choose_memory(
         self,
@@ -218,10 +220,10 @@ class MemoryAgent:
         """The Trigger's choice among `user_id`'s memories (the lexical prefilter's candidates) for `utterance`."""
         return self.choose_memories([TurnInput(user_id, utterance, tuple(history), episode_id, session, turn)])[0]
 
-    def choose_memories(self, turns: Sequence[TurnInput], keys: jax.Array | None = None
+    def choose_memories(self, turns: Sequence[TurnInput], keys: np.ndarray | None = None
                         ) -> list[tuple[TriggerDecision, Fragment | None]]:
         """`choose_memory` for several turns (of different users) in one Trigger forward pass; `keys` [len(turns)]
-        (None: the agent's stream) make each draw depend on its own key only. Each receipt keeps its rows as
+        (raw key data; None: the agent's stream) make each draw depend on its own key only. Each receipt keeps its rows as
         scored alone (`encode_trigger` of one turn), so the update sees the same arrays whatever the batch."""
         cfg = self.config
         candidates = [self.store.candidates(t.user_id, t.utterance, cfg.observation.max_candidates) for t in turns]
@@ -355,7 +357,7 @@ class MemoryAgent:
         """The Planner's save decision alone (no back-end request, no store write)."""
         return self.decide_saves([TurnInput(user_id, utterance, tuple(history), episode_id, session, turn)])[0]
 
-    def decide_saves(self, turns: Sequence[TurnInput], keys: jax.Array | None = None) -> list[PlannerDecision]:
+    def decide_saves(self, turns: Sequence[TurnInput], keys: np.ndarray | None = None) -> list[PlannerDecision]:
         """`decide_save` for several turns (of different users) in one Planner forward pass (`keys` and the
         receipts' rows as in `choose_memories`)."""
         cfg = self.config
@@ -403,11 +405,11 @@ class MemoryAgent:
         turn_input = TurnInput(user_id, utterance, tuple(history), episode_id, session, turn, metadata, label)
         return self.step_many([turn_input], pool=pool)[0]
 
-    def step_many(self, turns: Sequence[TurnInput], *, keys: tuple[jax.Array, jax.Array] | None = None,
+    def step_many(self, turns: Sequence[TurnInput], *, keys: tuple[np.ndarray, np.ndarray] | None = None,
                   pool: cf.Executor | None = None) -> list[tuple[str, Receipt]]:
         """One turn each for several users (at most one turn per user: each sees its own memory as left by its
         previous turn): one Trigger and one Planner forward pass over all of them, one back-end call per kind of
-        request. `keys`: (Trigger keys, Planner keys), one per turn (None: the agent's stream).
+        request. `keys`: (Trigger keys, Planner keys), raw key data, one per turn (None: the agent's stream).
 
         With a remote generator or condenser the reply and condense requests go out together on `pool` (the
         agent's own one-thread pool when None); decisions, store reads and writes stay on this thread, in the

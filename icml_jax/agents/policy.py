@@ -277,11 +277,18 @@ def trigger_evaluate(policies: MemoryPolicies, tokens: Array, mask: Array, cand_
     return categorical_stats(logits, actions, cand_mask, value)
 
 
+def as_keys(key: Array) -> Array:
+    """Typed PRNG keys from typed keys or raw key data (uint32 [..., 2] for the default threefry keys)."""
+    return key if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else jax.random.wrap_key_data(key)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "greedy"))
 def planner_act(graphdef, state, tokens, mask, key, *, greedy: bool = False) -> tuple[Array, ActionStats]:
     """Samples (or, greedy, thresholds at 0.5) save decisions [B] and returns their statistics. `key`: one key
-    for the batch, or one per row [B] (batched play: each row's draw then depends on its own key only)."""
+    for the batch, or one per row [B] (batched play: each row's draw then depends on its own key only), typed
+    or as raw key data (uint32, `jax.random.key_data`; host-side padding then needs no device op)."""
     policies = nnx.merge(graphdef, state)
+    key = as_keys(key)
     logit, value = planner_forward(policies, tokens, mask)
     p = jax.nn.sigmoid(logit)
     sample = jax.vmap(jax.random.bernoulli) if key.ndim else jax.random.bernoulli
@@ -295,6 +302,7 @@ def trigger_act(graphdef, state, tokens, mask, cand_mask, key, *, greedy: bool =
     """Samples (or takes the argmax of) a candidate index [B] (0 = no memory) and returns its statistics. `key`:
     one key for the batch, or one per row [B] (as `planner_act`)."""
     policies = nnx.merge(graphdef, state)
+    key = as_keys(key)
     logits, value = trigger_forward(policies, tokens, mask, cand_mask)
     if greedy:
         action = jnp.argmax(logits, -1)

@@ -258,15 +258,23 @@ def user_groups(episodes: Iterable[Episode], size: int, update_every: int, seen:
     if group:
         yield group
 
+def decision_keys(key: jax.Array, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Trigger and Planner keys (raw key data [N, ...]) of the decisions at `where` [N, 3] = (episode ordinal,
+    session, turn): each draw depends on the run's key and its place only, not on which other users share its
+    batch or process. One compiled program per power-of-two N."""
+    n = len(where)
+    padded = np.zeros((bucket(max(n, 1)), 3), np.int32)
+    padded[:n] = where
+    pairs = np.asarray(_decision_keys(key, padded))[:n]
+    return pairs[:, 0], pairs[:, 1]
+
+
 @jax.jit
-def decision_keys(key: jax.Array, where: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Trigger and Planner keys [N] of the decisions at `where` [N, 3] = (episode ordinal, session, turn): each
-    draw depends on the run's key and its place only, not on which other users share its batch or process."""
+def _decision_keys(key: jax.Array, where: jax.Array) -> jax.Array:
     def one(w: jax.Array) -> jax.Array:
         k = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, w[0]), w[1]), w[2])
-        return jax.random.split(k)
-    pairs = jax.vmap(one)(where)
-    return pairs[:, 0], pairs[:, 1]
+        return jax.random.key_data(jax.random.split(k))
+    return jax.vmap(one)(where)
 
 
 class OnlineLearner:
