@@ -1,10 +1,49 @@
-"""One rule for turning config blocks into dataclasses: merge overrides, and a key the class lacks is an error."""
+"""Config helpers: load a config file by path from Python (as `--config=FILE:ARG` does), and one rule for
+turning config blocks into dataclasses (merge overrides; a key the class lacks is an error)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import importlib.util
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
+
+import ml_collections
+
+CHECKOUT = Path(__file__).resolve().parents[1]  # the repository holding this package (configs/ lives there)
+
+
+def load_config(spec: str | Path, overrides: Mapping[str, Any] | None = None, *,
+                search: Iterable[str | Path] = ()) -> ml_collections.ConfigDict:
+    """The ConfigDict of `spec` = "FILE.py[:ARG]" (`get_config(ARG)`, as `--config=FILE:ARG` gives the CLI), with
+    `overrides` ({"learner.update_every": 4}, as `--config.learner.update_every=4`) applied.
+
+    A relative FILE is looked up in the working directory, then in `search`, then in the checkout this package
+    was installed from (so "configs/demo.py" works from a notebook's folder). A missing file or an unknown
+    override key raises ValueError naming it.
+    """
+    file, _, arg = str(spec).partition(":")
+    bases = [Path.cwd(), *map(Path, search), CHECKOUT]
+    path = next((p for p in ([Path(file)] if Path(file).is_absolute() else [b / file for b in bases])
+                 if p.is_file()), None)
+    if path is None:
+        raise ValueError(f"load_config: no config file {file!r} (looked in {', '.join(map(str, bases))})")
+    module_spec = importlib.util.spec_from_file_location(f"icml_jax_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    config = module.get_config(arg) if arg else module.get_config()
+    for key, value in (overrides or {}).items():
+        *blocks, leaf = key.split(".")
+        block = config
+        for name in blocks:
+            if not isinstance(block, ml_collections.ConfigDict) or name not in block:
+                raise ValueError(f"load_config: override {key!r}: {path} has no block {name!r} there")
+            block = block[name]
+        if leaf not in block:
+            raise ValueError(f"load_config: override {key!r}: {path} has no key {leaf!r} there")
+        block[leaf] = value
+    return config
 
 
 def known_fields(cls: type, values: Mapping[str, Any] | Any | None = None, **overrides: Any) -> dict[str, Any]:

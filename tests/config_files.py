@@ -1,18 +1,16 @@
-"""Loading the repository's config files in tests, as `config_flags` does (by path, `--config=FILE:ARG`)."""
+"""Loading the repository's config files in tests by name, through `icml_jax.configlib.load_config`."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import ml_collections
 
+from icml_jax.configlib import load_config as load_config_file
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-def load_config(name: str, *args: str) -> ml_collections.ConfigDict:
-    """configs/<name>.py's get_config(*args)."""
-    spec = importlib.util.spec_from_file_location(f"test_configs_{name}", CONFIGS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(*args)
+def load_config(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
+    """configs/<name>.py's get_config(arg), as `--config=configs/<name>.py:arg` gives it."""
+    return load_config_file(f"{CONFIGS / name}.py" + (f":{arg}" if arg else ""))

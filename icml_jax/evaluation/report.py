@@ -141,14 +141,15 @@ def results_markdown(summary: Mapping[str, Any], system: str, setting: Mapping[s
 
 
 def efficiency_plot(summary: Mapping[str, Any], path: Path) -> None:
-    """Storage tokens after each history session, and latency p50/p95, as one PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Storage tokens after each history session, and latency p50/p95, as one PNG (drawn on its own Agg canvas,
+    so a notebook's or an application's matplotlib backend is left alone)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     eff = summary["efficiency"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
+    fig = Figure(figsize=(9, 3.2))
+    FigureCanvasAgg(fig)
+    a, b = fig.subplots(1, 2)
     storage = [x if x is not None else float("nan") for x in eff["storage_tokens_per_session"]]
     a.plot(range(1, len(storage) + 1), storage, marker="o")
     a.set_xlabel("session")
@@ -161,7 +162,6 @@ def efficiency_plot(summary: Mapping[str, Any], path: Path) -> None:
     b.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def write_outputs(out_dir: Path, results: Sequence[EpisodeResult], system: str,

@@ -1,0 +1,121 @@
+"""Throughput of the online stage with B users in flight (`learner.users_in_flight`): decisions/s and episodes/s
+for B = 1, 4, 16 on the tiny and the SmolLM2-135M backbone, XLA compilations, peak host memory.
+
+Each (backbone, B) arm runs in its own process (a clean peak RSS and compilation count): the persona world's
+episodes with the offline back ends (its judge reads the world's labels: an oracle; speed only here), PPO every
+16 episodes in every arm (the same update schedule, so only the play differs), one warm-up group and update
+first (compilation), then `--episodes` timed episodes. A decision is one Trigger or one Planner choice (two per
+turn). "play" excludes the PPO updates' time; "all" includes it.
+
+Usage: python scripts/benchmark_online.py [--backbones tiny smollm2] [--users 1 4 16] [--episodes 32]
+       [--smollm2-episodes 16] [--smollm2-sessions 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+UPDATE_EVERY = 16  # episodes per PPO update in every arm (a multiple of each B)
+
+
+def build(backbone: str, users: int, tmp: Path):
+    """The persona-world learner on `backbone` ("tiny": `persona_run`'s 64-wide random model; "smollm2": the
+    fetched SmolLM2-135M-Instruct with LoRA rank 8 on both policies), B = `users` in flight."""
+    from flax import nnx
+
+    from icml_jax.experiments.persona_run import PersonaRunConfig, build_learner
+    from icml_jax.rl import OnlineLearner
+
+    run = PersonaRunConfig(users_in_flight=users, update_every=UPDATE_EVERY)
+    learner, tokenizer = build_learner(run, tmp)
+    if backbone == "tiny":
+        return learner, run
+    from icml_jax.agents.policy import MemoryPolicies
+    from icml_jax.models import fetch, from_pretrained, load_tokenizer
+    from icml_jax.models.lora import LoraConfig, apply_lora
+
+    path = fetch.model_dir("smollm2-135m-instruct")
+    tokenizer = load_tokenizer(path)
+    model = apply_lora(from_pretrained(path), LoraConfig(rank=8, alpha=16.0), seed=0)
+    policies = MemoryPolicies(model, pooling="mean", match_rank=16, rngs=nnx.Rngs(1))
+    old = learner
+    learner = OnlineLearner(policies, tokenizer, old.store, old.agent.generator, proxy_judge=old.proxy_judge,
+                            quality_judge=old.quality_judge, config=old.config)
+    return learner, run
+
+
+def worker(backbone: str, users: int, episodes: int, sessions: int | None) -> dict:
+    """One arm: warm up (compile), then time `episodes` episodes; the figures as a dict."""
+    import jax
+
+    from icml_jax.data.persona_world import generate_episodes
+    from icml_jax.rl.learner import user_groups
+
+    compiles = [0]
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, _s, **_: compiles.__setitem__(0, compiles[0] + (event == "/jax/core/compile/backend_compile_duration")))
+    with tempfile.TemporaryDirectory() as tmp:
+        learner, run = build(backbone, users, Path(tmp))
+    cut = (lambda e: dataclasses.replace(e, sessions=e.sessions[:sessions])) if sessions else (lambda e: e)
+    all_eps = [cut(e) for e in generate_episodes(run.world, UPDATE_EVERY + episodes)]
+    warm, timed = all_eps[:UPDATE_EVERY], all_eps[UPDATE_EVERY:]
+    start = time.perf_counter()
+    for group in user_groups(warm, users, UPDATE_EVERY):
+        learner.run_episodes(group)
+    warm_s, warm_compiles = time.perf_counter() - start, compiles[0]
+    turns0, update_s = learner.turns_seen, 0.0
+    start = time.perf_counter()
+    for group in user_groups(timed, users, UPDATE_EVERY, seen=learner.episodes_seen):
+        for out in learner.run_episodes(group):
+            update_s += out.get("update/seconds", 0.0)
+    wall = time.perf_counter() - start
+    turns = learner.turns_seen - turns0
+    return {"backbone": backbone, "users": users, "episodes": len(timed), "turns": turns, "wall_s": wall,
+            "update_s": update_s, "decisions_per_s": 2 * turns / wall,
+            "play_decisions_per_s": 2 * turns / (wall - update_s), "episodes_per_s": len(timed) / wall,
+            "warmup_s": warm_s, "compiles_warmup": warm_compiles, "compiles_timed": compiles[0] - warm_compiles,
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backbones", nargs="+", default=["tiny", "smollm2"], choices=["tiny", "smollm2"])
+    parser.add_argument("--users", nargs="+", type=int, default=[1, 4, 16])
+    parser.add_argument("--episodes", type=int, default=32, help="timed episodes per arm (tiny)")
+    parser.add_argument("--smollm2-episodes", type=int, default=16, help="timed episodes per arm (SmolLM2)")
+    parser.add_argument("--smollm2-sessions", type=int, default=2, help="sessions kept per SmolLM2 episode")
+    parser.add_argument("--worker", nargs=4, metavar=("BACKBONE", "B", "EPISODES", "SESSIONS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        backbone, b, n, s = args.worker
+        print(json.dumps(worker(backbone, int(b), int(n), int(s) or None)))
+        return
+    if any(UPDATE_EVERY % b for b in args.users):
+        parser.error(f"every --users value must divide {UPDATE_EVERY}")
+    print(f"{'backbone':8} {'B':>3} {'episodes':>8} {'dec/s all':>9} {'dec/s play':>10} {'ep/s':>7} {'x B=1':>6} "
+          f"{'compiles':>12} {'peak GB':>7}")
+    for backbone in args.backbones:
+        n, s = (args.episodes, 0) if backbone == "tiny" else (args.smollm2_episodes, args.smollm2_sessions)
+        base = None
+        for b in args.users:
+            out = subprocess.run([sys.executable, __file__, "--worker", backbone, str(b), str(n), str(s)],
+                                 check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+            r = json.loads(out)
+            base = base or r
+            print(f"{backbone:8} {b:3d} {r['episodes']:8d} {r['decisions_per_s']:9.1f} {r['play_decisions_per_s']:10.1f} "
+                  f"{r['episodes_per_s']:7.3f} {r['decisions_per_s'] / base['decisions_per_s']:5.2f}x "
+                  f"{r['compiles_warmup']:5d}+{r['compiles_timed']:<6d} {r['peak_rss_gb']:7.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

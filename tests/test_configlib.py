@@ -1,0 +1,29 @@
+"""`load_config`: a config file by path (FILE.py[:ARG]) with dotted overrides, as the command line gives it."""
+
+from __future__ import annotations
+
+import pytest
+
+from icml_jax.configlib import load_config
+
+
+def test_loads_by_path_with_arg_and_overrides(tmp_path, monkeypatch):
+    config = load_config("configs/demo_smollm2.py:tiny_offline", {"learner.update_every": 4, "seed": 7})
+    assert config.learner.update_every == 4 and config.seed == 7
+    assert config.model.kind == "tiny"  # the ":tiny_offline" argument reached get_config
+    monkeypatch.chdir(tmp_path)  # a notebook's folder: relative paths fall back to the package's checkout
+    from icml_jax.configlib import CHECKOUT
+
+    assert load_config("configs/demo.py").to_dict() == load_config(CHECKOUT / "configs" / "demo.py").to_dict()
+    (tmp_path / "mine.py").write_text("import ml_collections\n\ndef get_config(arg='a'):\n"
+                                      "    return ml_collections.ConfigDict({'arg': arg, 'block': {'x': 1}})\n")
+    assert load_config("mine.py:b").arg == "b" and load_config(tmp_path / "mine.py").arg == "a"
+
+
+def test_a_missing_file_or_override_key_names_it(tmp_path):
+    with pytest.raises(ValueError, match="no config file 'configs/nope.py'"):
+        load_config("configs/nope.py")
+    with pytest.raises(ValueError, match="override 'learner.update_evry'.*no key 'update_evry'"):
+        load_config("configs/demo.py", {"learner.update_evry": 2})
+    with pytest.raises(ValueError, match="override 'lerner.x'.*no block 'lerner'"):
+        load_config("configs/demo.py", {"lerner.x": 2})
