@@ -123,7 +123,7 @@ def run_persona_world(config: PersonaRunConfig, *, log: Callable[[str], None] | 
 
     def checkpoint(seen: int) -> None:
         sessions = evaluate(learner.policies, tokenizer, held_out, agent_config=agent_cfg, greedy=config.greedy_eval,
-                            seed=config.seed + EVAL_OFFSET)
+                            seed=config.seed + EVAL_OFFSET, users_in_flight=len(held_out))  # same counts as one by one
         metrics = pooled_metrics(sessions, "eval")
         curve.append((seen, metrics))
         eval_sessions.append((seen, sessions))
