@@ -152,6 +152,7 @@ def _bad(**changes) -> ml_collections.ConfigDict:
                                           "synthesized Trigger example shows (1 + synthesis.hard_negatives=1"),
     (dict(learner__divergence__action="ignore"), "config.learner: DivergenceConfig.action must be one of"),
     (dict(warmup__divergence__max_update_ratio=-1.0), "config.warmup: DivergenceConfig.max_update_ratio"),
+    (dict(learner__users_in_flight=3), "LearnerConfig.users_in_flight must be a positive int dividing update_every"),
 ])
 def test_config_errors_come_before_any_stage(tmp_path, monkeypatch, changes, message):
     for name in ("GEMINI_API_KEY", "GOOGLE_API_KEY"):
@@ -424,3 +425,26 @@ def test_crashes_in_the_evaluations_resume_to_the_same_run(tmp_path, monkeypatch
     want = [{k: (v.replace(str(tmp_path / "reference"), "W") if isinstance(v, str) else v) for k, v in r.items()}
             for r in reference]
     assert got == want
+
+
+def test_users_in_flight_give_the_run_of_one_user_at_a_time(tmp_path):
+    """The online stage with 2 users in flight (update and checkpoint every 2 episodes) logs the same episodes,
+    rewards, updates and held-out evaluations as playing them one by one (float rounding of the batched forward
+    passes aside)."""
+    def online_run(users: int, workdir: Path) -> list[dict]:
+        config = tiny_demo()
+        config.mode = ("online",)  # the untrained policies: no synthesis or warm-up needed to compare
+        config.learner.update_every = config.checkpoint.every_episodes = 2
+        config.learner.users_in_flight = users
+        job.run(config, workdir, out=io.StringIO())
+        return [r for r in read_metrics(workdir) if r["stage"] in ("online", "eval")]
+
+    one, two = online_run(1, tmp_path / "one"), online_run(2, tmp_path / "two")
+    played = [r.get("episode") for r in two if "table" not in r and not r.get("final")]
+    assert played == [None, 1, 2, 3, 4, None]  # eval, 4 episodes (updates after 2 and 4), eval
+    assert [sorted(r) for r in two] == [sorted(r) for r in one]  # per-session rows and the final one too
+    for a, b in zip(two, one, strict=True):
+        for k, v in b.items():
+            if isinstance(v, float) and not any(t in k for t in ("time", "seconds", "wall")):
+                assert a[k] == pytest.approx(v, rel=1e-4, abs=1e-5, nan_ok=True), k
+    assert sorted(p.name for p in (tmp_path / "two" / job.CHECKPOINT_DIR).iterdir()) == ["0", "2", "4"]
