@@ -7,8 +7,10 @@ fixed seed. Margins measured when this test was written (after - before, seeds 0
 seeds 3-7 gave precision +0.285..+0.425 and trigger recall +0.390..+0.648. The thresholds below are about
 half of the smallest margin seen. Re-measured with the ratio anchored on the behaviour policy, Planner rewards
 on [0, 1] and two stored memories in the Planner's observation (docs/fidelity.md): precision +0.253 / +0.358 /
-+0.305, trigger recall +0.453 / +0.333 / +0.574, planner recall +0.225 / +0.350 / +0.400. The offline judge
-reads the world's labels (an oracle).
++0.305, trigger recall +0.453 / +0.333 / +0.574, planner recall +0.225 / +0.350 / +0.400. With per-decision
+random keys (batched play) and supersede on: precision +0.266 / +0.317 / +0.228, trigger recall +0.432 /
++0.383 / +0.584, planner recall +0.450 / +0.325 / +0.325. The offline judge reads the world's labels (an
+oracle).
 """
 
 from __future__ import annotations
