@@ -33,17 +33,25 @@ def load_config(spec: str | Path, overrides: Mapping[str, Any] | None = None, *,
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     config = module.get_config(arg) if arg else module.get_config()
-    for key, value in (overrides or {}).items():
-        *blocks, leaf = key.split(".")
-        block = config
-        for name in blocks:
-            if not isinstance(block, ml_collections.ConfigDict) or name not in block:
-                raise ValueError(f"load_config: override {key!r}: {path} has no block {name!r} there")
-            block = block[name]
-        if leaf not in block:
-            raise ValueError(f"load_config: override {key!r}: {path} has no key {leaf!r} there")
-        block[leaf] = value
+    apply_overrides(config, overrides or {}, f"load_config({path}): override")
     return config
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, Any], what: str = "override",
+                    error: type[Exception] = ValueError) -> None:
+    """Sets dotted-path `overrides` ({"rl.reward.truth_lambda": 0.0}) in `config` in place; a path the config
+    lacks raises `error` naming it (`what` first), so a typo never runs the unchanged config."""
+    with config.unlocked():
+        for key, value in overrides.items():
+            *blocks, leaf = key.split(".")
+            node = config
+            for name in blocks:
+                if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+                    raise error(f"{what} {key!r}: config has no field {name!r}")
+                node = node[name]
+            if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
+                raise error(f"{what} {key!r}: config has no field {leaf!r}")
+            node[leaf] = value
 
 
 def known_fields(cls: type, values: Mapping[str, Any] | Any | None = None, **overrides: Any) -> dict[str, Any]:

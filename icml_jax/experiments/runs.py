@@ -19,6 +19,8 @@ from typing import Any
 
 import ml_collections
 
+from icml_jax.configlib import apply_overrides
+
 EVAL_CACHE = "eval_cache.sqlite"
 BASE = "base"
 
@@ -27,17 +29,7 @@ def derive(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> m
     """A copy of `config` with dotted-path `overrides` ({"rl.reward.truth_lambda": 0.0, ...}); an unknown path is
     an error naming it (a typo would otherwise run the unchanged config)."""
     out = copy.deepcopy(config)
-    with out.unlocked():
-        for path, value in overrides.items():
-            *parents, leaf = path.split(".")
-            node = out
-            for p in parents:
-                if p not in node:
-                    raise KeyError(f"experiment override {path!r}: config has no field {p!r}")
-                node = node[p]
-            if leaf not in node:
-                raise KeyError(f"experiment override {path!r}: config has no field {leaf!r}")
-            node[leaf] = value
+    apply_overrides(out, overrides, "experiment override", KeyError)
     return out
 
 
