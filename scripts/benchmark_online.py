@@ -8,7 +8,10 @@ first (compilation), then `--episodes` timed episodes. A decision is one Trigger
 turn). "play" excludes the PPO updates' time; "all" includes it.
 
 Usage: python scripts/benchmark_online.py [--backbones tiny smollm2] [--users 1 4 16] [--episodes 32]
-       [--smollm2-episodes 16] [--smollm2-sessions 2]
+       [--smollm2-episodes 16] [--smollm2-sessions 2] [--repeats 3]
+
+Tiny arms run `--repeats` times, interleaved, and the run with the median decisions/s is shown (single runs
+vary by up to ~30% on a shared 2-core machine); SmolLM2 arms run once.
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=32, help="timed episodes per arm (tiny)")
     parser.add_argument("--smollm2-episodes", type=int, default=16, help="timed episodes per arm (SmolLM2)")
     parser.add_argument("--smollm2-sessions", type=int, default=2, help="sessions kept per SmolLM2 episode")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per tiny arm; the median run is shown")
     parser.add_argument("--worker", nargs=4, metavar=("BACKBONE", "B", "EPISODES", "SESSIONS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -106,11 +110,16 @@ def main() -> None:
           f"{'compiles':>12} {'peak GB':>7}")
     for backbone in args.backbones:
         n, s = (args.episodes, 0) if backbone == "tiny" else (args.smollm2_episodes, args.smollm2_sessions)
+        repeats = args.repeats if backbone == "tiny" else 1
+        runs: dict[int, list[dict]] = {b: [] for b in args.users}
+        for _ in range(repeats):  # arms interleaved, so a drift of the machine's load hits every B alike
+            for b in args.users:
+                out = subprocess.run([sys.executable, __file__, "--worker", backbone, str(b), str(n), str(s)],
+                                     check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+                runs[b].append(json.loads(out))
         base = None
         for b in args.users:
-            out = subprocess.run([sys.executable, __file__, "--worker", backbone, str(b), str(n), str(s)],
-                                 check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
-            r = json.loads(out)
+            r = sorted(runs[b], key=lambda x: x["decisions_per_s"])[len(runs[b]) // 2]  # the median run
             base = base or r
             print(f"{backbone:8} {b:3d} {r['episodes']:8d} {r['decisions_per_s']:9.1f} {r['play_decisions_per_s']:10.1f} "
                   f"{r['episodes_per_s']:7.3f} {r['decisions_per_s'] / base['decisions_per_s']:5.2f}x "

@@ -358,8 +358,10 @@ def test_gc_config_learns_online_on_built_gapchat_data(tmp_path):
         summary = job.run(config, tmp_path / "work", out=io.StringIO())
     finally:
         jax._src.monitoring.unregister_event_duration_listener(listener)
-    # heads, optimizer counters and placeholders live on the model's mesh: 3 updates, one compiled step
-    assert compiled.count("jit(ppo_step)") == 1, compiled
+    # heads, optimizer counters and placeholders live on the model's mesh: 3 updates, each PPO program (one step,
+    # a run of 8 steps) compiled at most once
+    steps = [compiled.count(name) for name in ("jit(ppo_step)", "jit(ppo_steps)")]
+    assert max(steps) == 1 and sum(steps) >= 1, sorted(set(compiled))
     assert summary["online"]["episodes"] == 3 and summary["online"]["updates"] == 3
     rows = read_metrics(tmp_path / "work")
     episodes = [r for r in rows if r["stage"] == "online" and "episode" in r]

@@ -188,6 +188,47 @@ def ppo_step(
     return step.params, step.opt_state, new_rest, step.num_skipped, current, metrics
 
 
+STEPS_PER_CALL = 8  # minibatches of one shape that `ppo_steps` trains on in one dispatch
+
+
+@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("opt_state",))
+def ppo_steps(
+    spec: StepSpec,
+    params: nnx.State,
+    frozen: nnx.State,
+    rest: nnx.State,
+    opt_state: optax.OptState,
+    num_skipped: Array,
+    batches: Minibatch,
+    olds: OldStats,
+    first_epoch: Array,
+) -> tuple[nnx.State, optax.OptState, nnx.State, Array, OldStats, dict[str, Array]]:
+    """`ppo_step` on each minibatch of `batches` / `olds` (stacked on a leading axis) in turn, under one
+    `lax.scan`: the same steps in one dispatch instead of one each (small steps are dispatch-bound); `current`
+    and `metrics` come back stacked per step."""
+
+    def body(carry, xs):
+        params, opt_state, rest, num_skipped = carry
+        batch, old = xs
+        params, opt_state, rest, num_skipped, current, metrics = ppo_step(  # inlined into this program
+            spec, params, frozen, rest, opt_state, num_skipped, batch, old, first_epoch)
+        return (params, opt_state, rest, num_skipped), (current, metrics)
+
+    (params, opt_state, rest, num_skipped), (current, metrics) = jax.lax.scan(
+        body, (params, opt_state, rest, num_skipped), (batches, olds))
+    return params, opt_state, rest, num_skipped, current, metrics
+
+
+def _stack(trees: Sequence[Any]) -> Any:
+    """Host pytrees (NumPy leaves) stacked on a new leading axis."""
+    return jax.tree.map(lambda *xs: np.stack(xs), *trees)
+
+
+def _unstack(tree: Any, n: int) -> list[Any]:
+    """The inverse of `_stack` on host data: n pytrees."""
+    return [jax.tree.map(lambda x: x[i], tree) for i in range(n)]
+
+
 # ----------------------------------------------------------------------------------------------- host side
 
 
@@ -379,41 +420,56 @@ class JointUpdater:
                              "policy, so every minibatch needs its rollout statistics (`rollout_stats`)")
         epochs = self.config.epochs if epochs is None else epochs
         params, frozen, rest = self.split()
-        minibatches = [jax.device_put(mb) for mb in minibatches]  # one transfer for all epochs
+        host_batches = list(minibatches)
+        shapes = {minibatch_shape(mb) for mb in host_batches}
+        # runs of STEPS_PER_CALL steps go to `ppo_steps` when every minibatch has one shape; the rest one by one
+        chunk = STEPS_PER_CALL if len(shapes) == 1 and len(host_batches) >= STEPS_PER_CALL else 0
+        minibatches = [jax.device_put(mb) for mb in host_batches] if not chunk else []  # once for all epochs
         skipped_before = int(self.num_skipped)
         rollback = self.monitor.config.action == "rollback"  # the policies keep the old params until the end
         saved_opt = jax.tree.map(jnp.copy, self.opt_state) if rollback else None  # the live one is donated
-        olds: list[OldStats | None] = ([self._put(jax.tree.map(jnp.asarray, r)) for r in rollout] if use_rollout
-                                       else [None] * len(minibatches))
-        seen: list[OldStats | None] = [None] * len(minibatches)  # each minibatch's epoch-0 forward statistics
-        per_epoch, shapes = [], set()
+        olds: list[Any] = ([jax.tree.map(np.asarray, r) for r in rollout] if use_rollout
+                           else [None] * len(host_batches))  # host copies; None: this minibatch's epoch-0 forward
+        seen: list[OldStats | None] = [None] * len(host_batches)  # each minibatch's epoch-0 forward statistics
+        per_epoch = []
         for epoch in range(epochs):
-            order = range(len(minibatches)) if epoch == 0 else rng.permutation(len(minibatches))
-            per_step = []
-            for k in order:
-                batch = minibatches[k]
-                shapes.add(minibatch_shape(batch))
-                first = olds[k] is None
-                old = self._put(OldStats.zeros(len(batch.planner.valid))) if first else olds[k]
+            order = list(range(len(host_batches)) if epoch == 0 else rng.permutation(len(host_batches)))
+            first = olds[order[0]] is None  # the same for every minibatch of an epoch
+            zeros = OldStats.zeros(len(host_batches[0].planner.valid))
+            outputs = []  # (minibatch indices, current, metrics, stacked: from `ppo_steps`) per dispatch
+            cut = len(order) - len(order) % chunk if chunk else 0
+            for start in range(0, cut, chunk or 1):
+                ks = order[start: start + chunk]
+                batch = jax.device_put(_stack([host_batches[k] for k in ks]))
+                old = self._put(_stack([jax.tree.map(np.asarray, zeros) if first else olds[k] for k in ks]))
+                params, self.opt_state, rest, self.num_skipped, current, metrics = ppo_steps(
+                    self.spec, params, frozen, rest, self.opt_state, self.num_skipped, batch, old, jnp.asarray(first))
+                outputs.append((ks, current, metrics, True))
+            for k in order[cut:]:
+                batch = minibatches[k] if minibatches else jax.device_put(host_batches[k])
+                old = self._put(jax.tree.map(jnp.asarray, zeros if first else olds[k]))
                 params, self.opt_state, rest, self.num_skipped, current, metrics = ppo_step(
-                    self.spec, params, frozen, rest, self.opt_state, self.num_skipped, batch, old,
-                    jnp.asarray(first))
-                if first:
-                    olds[k] = current
-                if epoch == 0:
-                    seen[k] = current
-                per_step.append(metrics)
-                self.num_steps += 1
-            host = jax.device_get(per_step)
+                    self.spec, params, frozen, rest, self.opt_state, self.num_skipped, batch, old, jnp.asarray(first))
+                outputs.append(([k], current, metrics, False))
+            host = []
+            for ks, current, metrics, stacked in jax.device_get(outputs):  # one transfer per epoch
+                currents = _unstack(current, len(ks)) if stacked else [current]
+                host += _unstack(metrics, len(ks)) if stacked else [metrics]
+                for k, c in zip(ks, currents, strict=True):
+                    if first:
+                        olds[k] = c
+                    if epoch == 0:
+                        seen[k] = c
+            self.num_steps += len(host)
             if self._diverged(host, self.num_steps - len(host)):  # rollback: this update never happened
                 self.opt_state, self.num_skipped = saved_opt, self._put(jnp.asarray(skipped_before, jnp.int32))
-                return UpdateResult(per_epoch, (epoch + 1) * len(minibatches), 0, shapes, {}, rolled_back=True)
+                return UpdateResult(per_epoch, (epoch + 1) * len(host_batches), 0, shapes, {}, rolled_back=True)
             per_epoch.append({key: float(np.mean([m[key] for m in host])) for key in host[0]
                               if key not in PER_STEP_ONLY})
         nnx.update(self.policies, params, rest)
         gap = {a: 0.0 for a in AGENTS}
         for k, forward in enumerate(seen if rollout is not None and epochs > 0 else ()):
-            batch = minibatches[k]
+            batch = host_batches[k]
             for agent, recomputed, given, valid in (
                 ("planner", forward.planner_logp, rollout[k].planner_logp, batch.planner.valid),
                 ("trigger", forward.trigger_logp, rollout[k].trigger_logp, batch.trigger.valid),
@@ -421,7 +477,7 @@ class JointUpdater:
                 diff = np.abs(np.asarray(recomputed) - given)[np.asarray(valid)]
                 gap[agent] = max(gap[agent], float(diff.max(initial=0.0)))
         skipped = int(self.num_skipped) - skipped_before
-        return UpdateResult(per_epoch, len(minibatches) * epochs, skipped, shapes, gap)
+        return UpdateResult(per_epoch, len(host_batches) * epochs, skipped, shapes, gap)
 
     def _diverged(self, host: Sequence[dict[str, Any]], first_step: int) -> bool:
         """Feeds one epoch's step figures to the monitor; warns of skipped steps; True when a rollback is due

@@ -236,3 +236,47 @@ def test_one_compilation_per_bucket_signature(persona_tokenizer):
         shapes |= updater.run(batches, np.random.default_rng(seed)).shapes
     assert shapes == {((4, 64), (4, 8, 64)), ((4, 32), (4, 4, 32))}
     assert ppo_step._cache_size() - before == len(shapes) == 2
+
+
+@pytest.mark.parametrize("old_logp", ["recompute", "rollout"])
+def test_runs_of_one_shape_train_in_chunks_as_step_by_step(lora_kit, monkeypatch, old_logp):
+    """10 minibatches of one shape: one `ppo_steps` dispatch per 8 steps (and 2 single steps) gives the
+    parameters, figures and LoRA dropout draws of 10 single steps, with either anchor of the ratio."""
+    from icml_jax.rl import update
+
+    config = dataclasses.replace(CFG, epochs=2, old_logp=old_logp)
+    batches = minibatches(lora_kit.vocab, sizes=(4,) * 10, seed=5)
+    rollout = [OldStats(*(np.full(4, v, np.float32) for v in (-0.7, 0.1, -1.5, 0.2))) for _ in batches]
+    calls = {"ppo_steps": 0, "ppo_step": 0}
+
+    def counted(name):
+        fn = getattr(update, name)
+
+        def call(*args, **kwargs):  # host dispatches only (ppo_steps' trace calls ppo_step inside its scan)
+            calls[name] += not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args[-1]))
+            return fn(*args, **kwargs)
+        return call
+
+    for name in calls:
+        monkeypatch.setattr(update, name, counted(name))
+    results, states, dispatches = [], [], []
+    for steps_per_call in (update.STEPS_PER_CALL, 10**9):  # 10**9: every step dispatched alone
+        monkeypatch.setattr(update, "STEPS_PER_CALL", steps_per_call)
+        policies = lora_kit.clone()
+        results.append(JointUpdater(policies, config).run(batches, np.random.default_rng(3),
+                                                            rollout if old_logp == "rollout" else None))
+        states.append(flat(nnx.state(policies, (nnx.Param, nnx.RngCount))))
+        dispatches.append(dict(calls))
+        calls.update(ppo_steps=0, ppo_step=0)
+    assert dispatches == [{"ppo_steps": 2, "ppo_step": 4}, {"ppo_steps": 0, "ppo_step": 20}]  # per epoch: 8 + 1 + 1
+    chunked, single = results
+    assert chunked.steps == single.steps == 20 and chunked.shapes == single.shapes
+    for a, b in zip(chunked.epochs, single.epochs, strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert states[0].keys() == states[1].keys()
+    for k in states[0]:
+        np.testing.assert_allclose(states[0][k], states[1][k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert any(not np.array_equal(states[0][k], flat(nnx.state(lora_kit.policies, nnx.Param)).get(k, states[0][k]))
+               for k in states[0])  # the update moved something
