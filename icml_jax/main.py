@@ -151,16 +151,35 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str])
     import jax
 
     parallel.initialize(config.parallel.distributed.to_dict())
-    if jax.process_count() > 1:
-        raise ConfigError(f"{jax.process_count()} JAX processes: the main job runs in one process for now (one host, "
-                          "all its local devices in config.parallel.mesh). Its stages drive the model turn by turn "
-                          "from host data, and several processes would have to do so in lockstep, which is not "
-                          "implemented; the model-level API (loading, LoRA steps, export) does run multi-host")
     try:
-        parallel.resolve_mesh_shape(dict(config.parallel.mesh), jax.device_count())
+        mesh, _ = parallel.process_meshes(dict(config.parallel.mesh))
     except ValueError as exc:
         raise ConfigError(f"config.parallel.mesh: {exc}") from None
+    size = int(config.rl.ppo.minibatch_size)
+    if "online" in stages and size % mesh.shape["data"]:  # PPO minibatch rows are sharded over `data`
+        raise ConfigError(f"config.rl.ppo.minibatch_size={size} cannot be sharded over config.parallel.mesh.data="
+                          f"{mesh.shape['data']} devices: make it a multiple of {mesh.shape['data']}")
+    if jax.process_count() > 1:
+        _check_processes(config, stages, jax.process_count())
     return stages
+
+
+def _check_processes(config: ml_collections.ConfigDict, stages: Sequence[str], count: int) -> None:
+    """What a run of several JAX processes needs: the online stage alone (each process plays its users; the
+    synthesis and the warm-up run in one process first), whole groups of users per update, equal shares."""
+    if tuple(stages) != ("online",):
+        raise ConfigError(f"config.mode={tuple(stages)!r} on {count} JAX processes: several processes run the online "
+                          "stage only. Run synthesize and warmup in one process first (--config.mode=synthesize,warmup "
+                          "--workdir=W0), then every process with --config.mode=online "
+                          "--config.online.init_from=W0/warmup and a new --workdir (README, Scaling out)")
+    learner = config.learner
+    b, every = int(learner.get("users_in_flight", 1)), int(learner.update_every)
+    if every % (count * b):
+        raise ConfigError(f"config.learner.update_every={every} must be a multiple of the {count} processes x "
+                          f"learner.users_in_flight={b} (an update follows a whole group of users on every process)")
+    if config.data.name == "persona_world" and int(config.data.train_episodes) % count:
+        raise ConfigError(f"config.data.train_episodes={config.data.train_episodes} must be a multiple of the {count} "
+                          "processes (each plays an equal share, in lockstep)")
 
 
 def _check_blocks(config: ml_collections.ConfigDict, stages: Sequence[str]) -> None:
@@ -209,12 +228,21 @@ def config_text(config: ml_collections.ConfigDict) -> str:
     return config.to_json_best_effort(indent=2, sort_keys=True) + "\n"
 
 
+# where this process joins its run (coordinator, process id): not part of which run a workdir holds
+PER_START_KEYS = ("parallel.distributed.",)
+
+
 def _check_same_run(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str]) -> None:
-    """A workdir resumes only the run it holds: another config there would mix two runs' state."""
+    """A workdir resumes only the run it holds: another config there would mix two runs' state. How the processes
+    find each other (`parallel.distributed`: each has its own id, a restart may get a new coordinator) is not
+    compared; the number of processes is checked against the checkpoint on restore."""
     path = Path(workdir).expanduser() / "config.json"
     if path.is_file() and path.read_text(encoding="utf-8") != config_text(config):
-        old, new = _flatten(json.loads(path.read_text(encoding="utf-8"))), _flatten(json.loads(config_text(config)))
-        diff = sorted(k for k in old.keys() | new.keys() if old.get(k, "<absent>") != new.get(k, "<absent>"))
+        old, new = (_flatten(json.loads(text)) for text in (path.read_text(encoding="utf-8"), config_text(config)))
+        diff = sorted(k for k in old.keys() | new.keys() if old.get(k, "<absent>") != new.get(k, "<absent>")
+                      and not k.startswith(PER_START_KEYS))
+        if not diff:
+            return
         raise ConfigError(f"{workdir} holds a run with another config (differs at {diff[:6]}); resume it with "
                           "the same config or use a new --workdir")
 
@@ -321,6 +349,13 @@ def _write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def _write_text_atomic(path: Path, text: str) -> None:
+    """Writes `path` whole or not at all (other processes of the run may be reading it)."""
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def read_progress(workdir: Path) -> dict[str, Any]:
     """`<workdir>/progress.json`: finished stages with their summaries and the metrics file's length then."""
     path = workdir / PROGRESS_FILE
@@ -357,25 +392,53 @@ class Run:
         self.deferred = {}
         self.progress["done"].update(done)
         self.progress["metrics_bytes"] = self.metrics.position()
-        _write_json_atomic(self.workdir / PROGRESS_FILE, self.progress)
+        if _primary():  # the run's shared files are the first process's to write
+            _write_json_atomic(self.workdir / PROGRESS_FILE, self.progress)
 
     def save_policy(self, metadata: dict[str, Any]) -> Path:
         """The trained policy's adapters and heads to `<workdir>/policy` (what `icml_jax.chat` loads)."""
         from icml_jax.train.checkpoint import save_warmup
 
-        return save_warmup(self.workdir / POLICY_DIR, self.policies, json_safe(metadata))
+        return save_warmup(self.workdir / POLICY_DIR, self.policies, json_safe(metadata))  # every process calls
+
+
+def _primary() -> bool:
+    """Whether this is the process that writes the run's files (the only one, or the first of several)."""
+    import jax
+
+    return jax.process_index() == 0
+
+
+class _NoMetrics:
+    """The metrics sink of every process but the first (which writes all processes' rows)."""
+
+    steps: dict[str, int] = {}
+
+    def write(self, stage: str, row: Any, step: int | None = None) -> None:
+        """Drops the row: the first process writes it."""
+
+    def position(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
 
 
 def build_tiny_tokenizer(config: ml_collections.ConfigDict, workdir: Path):
     """The tiny backbone's word tokenizer over the run's worlds (the data's and the synthesis'), saved under
     `<workdir>/tokenizer`: the same words whatever stages run, so a run that starts online from another run's
     warm-up (`online.init_from`) has the same vocabulary and the same random backbone."""
+    import tempfile
+
+    from icml_jax import parallel
     from icml_jax.agents import tiny
 
     observation = _observation(config)
     words = set(tiny.world_vocabulary(_world(config), observation))
     words |= set(tiny.world_vocabulary(_synthesis(config).world, observation))
-    return tiny.build_tokenizer(Path(workdir) / "tokenizer", sorted(words))
+    # the other processes of a run build the same tokenizer where they do not race the first one's files
+    where = Path(workdir) / "tokenizer" if parallel.is_primary() else Path(tempfile.mkdtemp(prefix="icml_tokenizer_"))
+    return tiny.build_tokenizer(where, sorted(words))
 
 
 def build_models(config: ml_collections.ConfigDict, workdir: Path) -> tuple[Any, Any]:
@@ -389,6 +452,7 @@ def build_models(config: ml_collections.ConfigDict, workdir: Path) -> tuple[Any,
     from icml_jax.models.lora import LoraConfig, apply_lora
     from icml_jax.agents import tiny
 
+    _, local_mesh = parallel.process_meshes(dict(config.parallel.mesh))
     if config.model.kind == "tiny":
         tokenizer = build_tiny_tokenizer(config, workdir)
         seed = int(config.policy.seed)
@@ -407,12 +471,15 @@ def build_models(config: ml_collections.ConfigDict, workdir: Path) -> tuple[Any,
                                   match_rank=int(config.policy.match_rank),
                                   shared_prefix=bool(config.policy.get("shared_prefix", False)),
                                   suffix_slots=int(config.policy.get("suffix_slots", 32)), rngs=nnx.Rngs(seed + 1))
+        if local_mesh.size > 1:  # several devices: the policies live on them (replicated), as a real model does
+            parallel.shard_model(policies, local_mesh, parallel.rules_from(config.parallel.rules))
         return policies, tokenizer
     from icml_jax.agents.build import build_policies
     from icml_jax.models.tokenizer import load_tokenizer
 
-    mesh = parallel.make_mesh(dict(config.parallel.mesh))
-    policies = build_policies(config.policy, config.lora, mesh=mesh, rules=parallel.rules_from(config.parallel.rules))
+    # each process holds its own copy on its devices (with one process: the whole mesh)
+    policies = build_policies(config.policy, config.lora, mesh=local_mesh,
+                              rules=parallel.rules_from(config.parallel.rules))
     return policies, load_tokenizer(config.model.path)
 
 def stage_synthesize(run: Run) -> dict[str, Any]:
@@ -484,7 +551,14 @@ def stage_online(run: Run) -> dict[str, Any]:
     Resumes from the checkpoint `run` chose (the newest in `<workdir>/checkpoints` that restores): learner state,
     every user's memory, the data stream's position and the before-evaluation come back; metrics written after
     that checkpoint were already cut by `run`.
+
+    With P JAX processes each plays every P-th episode (its users, memories and pending rewards its own), every
+    update is one global PPO step over all of their decisions, the first process writes the metrics of all, and
+    a checkpoint holds each process's state (`_gather_state`).
     """
+    import jax
+
+    from icml_jax import parallel
     from icml_jax.data.stream import EVAL_OFFSET, held_out_episodes, online_stream
     from icml_jax.llm.judges import ProxyJudge, QualityJudge
     from icml_jax.llm.registry import make_backend
@@ -512,10 +586,13 @@ def stage_online(run: Run) -> dict[str, Any]:
         return metrics, _session_rows("before" if seen == 0 else "after", sessions)
 
     every = int(config.checkpoint.every_episodes)
+    count = jax.process_count()
+    update_mesh, _ = parallel.process_meshes(dict(config.parallel.mesh))
     with MemoryStore() as store, RunCheckpointer(run.workdir / CHECKPOINT_DIR, keep=int(config.checkpoint.keep),
                                                  async_save=bool(config.checkpoint.async_save)) as ckpt:
         learner = OnlineLearner(policies, tokenizer, store, generator, proxy_judge=ProxyJudge(judge),
-                                quality_judge=QualityJudge(judge), config=learner_cfg)
+                                quality_judge=QualityJudge(judge), config=learner_cfg,
+                                update_mesh=update_mesh if parallel.model_mesh(policies) is not None else None)
 
         saved: int | None = None  # the last step saved or restored (an async save may not be listed yet)
 
@@ -523,14 +600,15 @@ def stage_online(run: Run) -> dict[str, Any]:
             nonlocal saved
             state = learner.state_dict()
             arrays = {k: state.pop(k) for k in ("params", "rest", "optimizer", "agent_key")}
-            ckpt.save(learner.episodes_seen, arrays, {**state, **extra, "memory": memory_state(store),
-                                                      "data": stream.get_state(),
-                                                      "metrics_bytes": run.metrics.position()})
+            ckpt.save(learner.episodes_seen, arrays, _gather_state({**state, **extra, "memory": memory_state(store),
+                                                                    "data": stream.get_state(),
+                                                                    "metrics_bytes": run.metrics.position()}))
             saved = learner.episodes_seen
 
         restored, run.resume = run.resume, None  # read by _resume_point, so the metrics were cut at its step
         if restored is not None:
             saved, arrays, state = restored
+            state = _own_state(state, run.workdir / CHECKPOINT_DIR / str(saved))
             learner.load_state_dict({**state, **arrays})
             load_memory_state(store, state["memory"])
             stream.set_state(state["data"])
@@ -547,14 +625,20 @@ def stage_online(run: Run) -> dict[str, Any]:
         else:
             before, before_rows = state["before"], state["before_rows"]
         extra = {"before": before, "before_rows": before_rows}
-        bar = tqdm(stream, desc="online episodes", unit="ep", total=stream.total, initial=learner.episodes_seen,
-                   leave=False)
-        for group in user_groups(bar, learner_cfg.users_in_flight, learner_cfg.update_every, learner.episodes_seen):
-            first = learner.episodes_seen + 1
-            for i, out in enumerate(learner.run_episodes(group)):
-                run.metrics.write("online", {"episode": first + i, **out}, step=first + i)
+        bar = tqdm(stream, desc="online episodes", unit="ep", total=stream.total,
+                   initial=learner.episodes_seen // count, leave=False, disable=not _primary())
+        rows: list[dict[str, Any]] = []  # episode rows not yet written (several processes: until an update)
+        for group in user_groups(bar, learner_cfg.users_in_flight, learner_cfg.update_every // count,
+                                 learner.episodes_seen // count):
+            first = learner.episodes_seen + 1 + jax.process_index()  # this process plays every count-th
+            rows += [{"episode": first + i * count, **out} for i, out in enumerate(learner.run_episodes(group))]
+            if count == 1 or learner.episodes_seen % learner_cfg.update_every == 0:  # the same call everywhere
+                _write_episode_rows(run.metrics, rows)
+                rows = []
             if learner.episodes_seen % every == 0:
                 save(extra)
+        if count > 1:
+            _write_episode_rows(run.metrics, rows)
         if learner.has_pending():  # the episodes after the last update still teach: one last update
             out = learner.update()
             run.metrics.write("online", {"episode": learner.episodes_seen, **out}, step=learner.episodes_seen)
@@ -562,18 +646,62 @@ def stage_online(run: Run) -> dict[str, Any]:
             save(extra)
         ckpt.wait()
         learner.close()  # the turn request threads of remote back ends
-        online = pooled_metrics(learner.session_log, "online")
-        online_rows = _session_rows("online", learner.session_log)
+        session_log = [c for part in parallel.allgather_objects(learner.session_log) for c in part]
+        online = pooled_metrics(session_log, "online")
+        online_rows = _session_rows("online", session_log)
         after, after_rows = held_out_eval(learner.episodes_seen)
     for row in before_rows + online_rows + after_rows:
         run.metrics.write("online", row)
     summary = {"episodes": learner.episodes_seen, "updates": learner.updates,
-               "skipped_steps": int(learner.updater.num_skipped), "rollbacks": learner.updater.monitor.rollbacks,
+               "skipped_steps": int(parallel.to_host(learner.updater.num_skipped)),
+               "rollbacks": learner.updater.monitor.rollbacks,
                **online,
                **{f"after/{k}": v for k, v in after.items()}, **{f"before/{k}": v for k, v in before.items()}}
     run.save_policy({"stage": "online", "episodes": learner.episodes_seen, "updates": learner.updates})
     run.metrics.write("online", {"final": True, **summary})
     return summary
+
+
+def _write_episode_rows(metrics: Any, rows: list[dict[str, Any]]) -> None:
+    """Writes the online rows of the episodes played since the last update, from every process, in episode
+    order (a collective with several processes). An update's figures (every key that is not `episode/...`) sit
+    on every process's last row: they stay on the last episode only, as one process playing all writes them."""
+    from icml_jax import parallel
+
+    parts = parallel.allgather_objects(rows)
+    merged = sorted((r for part in parts for r in part), key=lambda r: r["episode"])
+    if len(parts) > 1:
+        for row in merged[:-1]:
+            for key in [k for k in row if k != "episode" and not k.startswith("episode/")]:
+                row.pop(key)
+    for row in merged:
+        metrics.write("online", row, step=row["episode"])
+
+
+def _gather_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's JSON state: this process's, or with several processes every process's (they differ in
+    their users' memories, pending rewards, data position) under "processes", the first one's metrics length
+    on top (a collective)."""
+    from icml_jax import parallel
+
+    parts = parallel.allgather_objects(state)
+    if len(parts) == 1:
+        return state
+    return {"process_count": len(parts), "metrics_bytes": parts[0]["metrics_bytes"], "processes": parts}
+
+
+def _own_state(state: dict[str, Any], where: Path) -> dict[str, Any]:
+    """This process's part of a checkpoint's JSON state (`_gather_state`); a checkpoint of another number of
+    processes is an error naming both."""
+    import jax
+
+    from icml_jax.rl.checkpoint import CheckpointError
+
+    saved = int(state.get("process_count", 1))
+    if saved != jax.process_count():
+        raise CheckpointError(f"{where} is a checkpoint of a run of {saved} JAX process(es); this run has "
+                              f"{jax.process_count()}: resume it with {saved} (each process holds its own users)")
+    return state["processes"][jax.process_index()] if saved > 1 else state
 
 
 STAGE_FNS: dict[str, Callable[[Run], dict[str, Any]]] = {
@@ -622,23 +750,25 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
     stages = validate(config, workdir)
     root = Path(workdir).expanduser()
     root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(config_text(config), encoding="utf-8")
+    primary = _primary()
+    if primary:
+        _write_text_atomic(root / "config.json", config_text(config))
     progress = read_progress(root)
     if "online" in stages and any(s not in progress["done"] for s in stages[:stages.index("online")]):
         shutil.rmtree(root / CHECKPOINT_DIR, ignore_errors=True)  # taken after a stage that runs again: stale
     point = _resume_point(root, progress, stages)
-    state = Run(config, root, MetricsLog(root, truncate_to=point.metrics_bytes, purge_steps=point.purge), progress,
-                resume=point.checkpoint)
+    metrics = MetricsLog(root, truncate_to=point.metrics_bytes, purge_steps=point.purge) if primary else _NoMetrics()
+    state = Run(config, root, metrics, progress, resume=point.checkpoint)
     start = time.perf_counter()
     try:
         todo = [s for s in stages if s not in progress["done"]]
         for line in point.skipped:
             print(f"warning: {line}", file=out)
-        if todo and todo != list(stages):
+        if todo and (todo != list(stages) or point.checkpoint):  # a run that goes on where it stopped
             at = f" (online checkpoint step {point.checkpoint[0]})" if point.checkpoint else ""
             print(f"resuming {root}: finished {[s for s in stages if s in progress['done']]}, next {todo}{at}",
                   file=out)
-        bar = tqdm(stages, desc="stages", unit="stage")
+        bar = tqdm(stages, desc="stages", unit="stage", disable=not primary)
         for i, stage in enumerate(bar):
             bar.set_postfix_str(stage)
             if stage in progress["done"]:
@@ -661,6 +791,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
             state.commit()
     finally:
         state.metrics.close()
+    if not primary:
+        return state.summary
     rows = read_metrics(root / METRICS_FILE)
     plot = plot_learning_curves(root / METRICS_FILE, root / PLOT_FILE)
     table = session_table([r for r in rows if r.get("table") == "sessions"])

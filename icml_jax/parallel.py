@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import pickle
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -261,3 +262,102 @@ def initialize(config: Mapping[str, Any] | None = None, **overrides: Any) -> Pro
                 jax.distributed.initialize(address, num, pid, settings["local_device_ids"],
                                            initialization_timeout=int(settings["initialization_timeout"]))
     return ProcessInfo(jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count())
+
+
+# ------------------------------------------------------------------------------------- several processes
+
+
+def process_meshes(spec: Mapping[str, int] | None = None) -> tuple[Mesh, Mesh]:
+    """(global, local) meshes of a run whose processes each play their own users.
+
+    The global mesh spans every device of every process; its `data` axis is split over the processes (a
+    hybrid mesh: process p holds `data` rows [p*d/P, (p+1)*d/P), fsdp and tensor stay inside a process), so a
+    parameter sharded by the rules (which never use `data`) has a full copy on every process's devices. The
+    local mesh is this process's block of it: the model plays there, and the update runs on the global mesh
+    over the very same device buffers (`to_mesh`). With one process both are the same mesh.
+    """
+    spec = dict(spec if spec is not None else default_config().mesh)
+    count = jax.process_count()
+    shape = resolve_mesh_shape(spec, jax.device_count())
+    if count == 1:
+        mesh = make_mesh(spec)
+        return mesh, mesh
+    if shape[0] % count:
+        raise ValueError(f"mesh spec {spec} gives data={shape[0]}, which is not a multiple of the {count} JAX "
+                         f"processes: each process needs whole data rows (a full copy of the model on its own "
+                         f"devices); e.g. data={count} and fsdp=-1")
+    per = (shape[0] // count, *shape[1:])
+    from jax.experimental import mesh_utils
+
+    devices = mesh_utils.create_hybrid_device_mesh(per, (count, 1, 1), jax.devices(), process_is_granule=True)
+    auto = (jax.sharding.AxisType.Auto,) * len(shape)
+    mesh = Mesh(devices, MESH_AXES, axis_types=auto)
+    rows = [i for i in range(shape[0]) if all(d.process_index == jax.process_index() for d in devices[i].flat)]
+    if len(rows) != per[0] or rows != list(range(rows[0], rows[0] + per[0])):
+        raise ValueError(f"mesh {shape}: process {jax.process_index()}'s devices do not form whole data rows")
+    return mesh, Mesh(devices[rows[0]: rows[0] + per[0]], MESH_AXES, axis_types=auto)
+
+
+def to_mesh(tree: Any, mesh: Mesh) -> Any:
+    """Every NamedSharded array of `tree` on `mesh` with the same PartitionSpec, built from the same device
+    buffers (no copy): between a process's local mesh and the global mesh that contains it, for specs that do
+    not use the axes the two differ in. Typed PRNG keys go through their key data; other leaves pass."""
+
+    def one(x: Any) -> Any:
+        if not isinstance(x, jax.Array) or not isinstance(x.sharding, NamedSharding) or x.sharding.mesh == mesh:
+            return x
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return jax.random.wrap_key_data(one(jax.random.key_data(x)), impl=jax.random.key_impl(x))
+        target = NamedSharding(mesh, x.sharding.spec)
+        shards = {s.device: s.data for s in x.addressable_shards}
+        wanted = target.addressable_devices
+        if set(shards) != wanted:
+            raise ValueError(f"to_mesh: an array of shape {x.shape} on devices {sorted(d.id for d in shards)} "
+                             f"cannot move to a mesh whose addressable devices are {sorted(d.id for d in wanted)}")
+        return jax.make_array_from_single_device_arrays(x.shape, target, [shards[d] for d in wanted])
+
+    return jax.tree.map(one, tree)
+
+
+def to_host(tree: Any) -> Any:
+    """Host (NumPy) copies of a pytree's arrays, also of global arrays that span processes (then a collective:
+    every process must call it at the same point)."""
+
+    def one(x: Any) -> Any:
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            if x.is_fully_replicated:
+                return np.asarray(x.addressable_data(0))
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return jax.device_get(x)
+
+    return jax.tree.map(one, tree)
+
+
+def allgather_objects(obj: Any) -> list[Any]:
+    """`obj` of every process, in process order (pickled through two all-gathers: lengths, then bytes); a
+    collective: every process calls it at the same point. One process: `[obj]`, nothing sent."""
+    if jax.process_count() == 1:
+        return [obj]
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray([data.size], np.int64))).reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[: data.size] = data
+    gathered = np.asarray(multihost_utils.process_allgather(padded))
+    return [pickle.loads(gathered[i, : int(n)].tobytes()) for i, n in enumerate(sizes)]
+
+
+def barrier(name: str) -> None:
+    """Waits until every process reaches `name` (nothing to wait for in one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def is_primary() -> bool:
+    """Whether this process writes the run's shared files (metrics, progress, the final policy)."""
+    return jax.process_index() == 0

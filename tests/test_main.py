@@ -206,9 +206,12 @@ def test_synthesizer_block_writes_the_expert_data(tmp_path, monkeypatch):
     assert manifest["backend"]["name"] == "offline" and manifest["counts"]["storylines_accepted"] > 0
 
 
-def test_several_processes_are_refused_before_any_stage(tmp_path, monkeypatch):
+def test_several_processes_are_checked_before_any_stage(tmp_path, monkeypatch):
+    """A run of several processes (tests/test_main_multihost.py runs one) is checked before anything is written:
+    here the default mesh, whose data axis cannot be split over 2 processes (its other rules are unit-tested
+    there)."""
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    with pytest.raises(job.ConfigError, match="2 JAX processes: the main job runs in one process for now"):
+    with pytest.raises(job.ConfigError, match="data=1, which is not a multiple of the 2 JAX processes"):
         job.run(tiny_demo(), tmp_path / "work")
     assert not (tmp_path / "work").exists()
 

@@ -3,7 +3,7 @@
 ``online_stream(config)`` is what the online stage plays, one Episode at a time, for ``config.data.name``:
 
 - ``persona_world``: ``generate_episode(world, i)`` for i = 0 .. ``config.data.train_episodes`` - 1 (the world
-  from ``config.data.world``); held-out: ``config.data.eval_episodes`` episodes from index ``EVAL_OFFSET`` on.
+  from ``config.data.world``; with P JAX processes, process p plays i = p, p + P, ...); held-out: ``config.data.eval_episodes`` episodes from index ``EVAL_OFFSET`` on.
   The agent acts on the world's ``user_speaker`` turns.
 - ``msc`` / ``cc`` / ``gapchat``: the built TFDS split ``config.data.split`` of ``config.data.tfds_name`` under
   ``config.data.data_dir`` through the Grain ``train_pipeline`` (shuffled with ``config.seed``, sharded over
@@ -116,18 +116,34 @@ def _digest(value: Any) -> str:
 
 
 class PersonaWorldStream(EpisodeStream):
-    """Persona-world episodes ``0 .. total-1``, generated on demand; state ``{"kind", "next", "world", ...}``."""
+    """Persona-world episodes ``0 .. total-1``, generated on demand; state ``{"kind", "next", "world", ...}``.
 
-    def __init__(self, world: PersonaWorldConfig, total: int) -> None:
-        self.world, self.total, self.next = world, int(total), 0
+    Sharded over ``shard_count`` processes (default: the JAX processes), shard i plays episodes i, i + count,
+    ... (``total`` a multiple of the count, so every process plays as many); ``next`` counts this shard's
+    episodes and ``total`` is its share.
+    """
+
+    def __init__(self, world: PersonaWorldConfig, total: int, *, shard_index: int | None = None,
+                 shard_count: int | None = None) -> None:
+        import jax
+
+        index = jax.process_index() if shard_index is None else int(shard_index)
+        count = jax.process_count() if shard_count is None else int(shard_count)
+        if count < 1 or not 0 <= index < count or int(total) % count:
+            raise ValueError(f"config.data.train_episodes={total} cannot be shared equally by {count} processes "
+                             f"(shard {index}): make it a multiple of {count}")
+        self.world, self.total, self.next = world, int(total) // count, 0
+        self._index, self._count = index, count
         # one digest per field, so a mismatch names the field without storing (possibly long) vocabularies
         self._identity = {"kind": PERSONA_WORLD,
                           "world": {k: _digest(v) for k, v in sorted(dataclasses.asdict(world).items())}}
+        if count > 1:
+            self._identity["shard"] = [index, count]
 
     def __next__(self) -> Episode:
         if self.next >= self.total:
             raise StopIteration
-        episode = generate_episode(self.world, self.next)
+        episode = generate_episode(self.world, self._index + self.next * self._count)
         self.next += 1
         return episode
 

@@ -166,7 +166,12 @@ class RunCheckpointer:
         n = 1
         while dest.exists():
             dest, n = dest_root / f"{step}.{n}", n + 1
-        os.replace(self.directory / str(step), dest)
+        if jax.process_index() == 0:  # the run's files are the first process's to move
+            os.replace(self.directory / str(step), dest)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"checkpoint {step} moved aside")
         self._manager.reload()
         return dest
 

@@ -26,7 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
+from icml_jax import parallel
 from icml_jax.agents.agent import AgentConfig, MemoryAgent, Receipt, TurnInput
 from icml_jax.agents.policy import TRAINABLE, MemoryPolicies
 from icml_jax.data.schema import Episode
@@ -203,6 +205,21 @@ def session_counts(episode: Episode, receipts: Sequence[Receipt]) -> list[Sessio
 
 
 @dataclasses.dataclass
+class _UpdateView:
+    """What an update trains on and reports: one process's, or every process's merged (`OnlineLearner._gather`)."""
+
+    records: list[Any]  # _TurnRecord of the turns played since the last update
+    ready: list[Any]  # _TurnRecord of earlier saves whose reward arrived now
+    saves: list[SaveReward]  # the save rewards finalized now
+    proxy_failures: int
+    quality_failures: int
+    usage: TokenUsage
+    counts: list[SessionCounts]  # label counts since the last update
+    waiting: int  # saves still in the pending buffer
+    holdover: int
+
+
+@dataclasses.dataclass
 class _TurnRecord:
     """One turn waiting for the next update: the receipt and the rewards known so far."""
 
@@ -291,14 +308,19 @@ class OnlineLearner:
         quality_judge: QualityJudge,
         condenser: LLMBackend | None = None,
         config: LearnerConfig | None = None,
+        update_mesh: Mesh | None = None,
     ) -> None:
+        """`update_mesh`: where the PPO update runs (default: the policies' mesh). In a run of several JAX
+        processes each learner plays its own users on its process's devices, and every update is one global
+        step over all processes' decisions on this mesh (`parallel.process_meshes`)."""
         self.config = config or LearnerConfig()
+        self.processes = jax.process_count()  # each plays every P-th episode; episodes_seen counts them all
         self.policies, self.store = policies, store
         self.proxy_judge, self.quality_judge = proxy_judge, quality_judge
         self.agent = MemoryAgent(policies, tokenizer, store, generator, condenser=condenser,
                                  config=dataclasses.replace(self.config.agent), seed=self.config.seed)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-        self.updater = JointUpdater(policies, self.config.ppo, self.config.divergence)
+        self.updater = JointUpdater(policies, self.config.ppo, self.config.divergence, mesh=update_mesh)
         self.buffer = PendingRewardBuffer(self.config.reward)
         self.rng = np.random.default_rng(self.config.seed)
         self._backends = _unique_backends([generator, condenser, proxy_judge.backend, quality_judge.backend])
@@ -332,8 +354,8 @@ class OnlineLearner:
         """
         return self.run_episodes([episode], None if user_id is None else [user_id])[0]
 
-    def run_episodes(self, episodes: Sequence[Episode], user_ids: Sequence[str] | None = None
-                     ) -> list[dict[str, float]]:
+    def run_episodes(self, episodes: Sequence[Episode], user_ids: Sequence[str] | None = None,
+                     ordinals: Sequence[int] | None = None) -> list[dict[str, float]]:
         """Plays `episodes` (distinct users) in lockstep: per tick, every episode still playing takes its next
         turn, decided in one Trigger and one Planner forward pass over all of them (`MemoryAgent.step_many`);
         memories and pending rewards stay per user. Each decision's key depends only on (episode ordinal, session,
@@ -342,6 +364,12 @@ class OnlineLearner:
 
         Returns each episode's metrics, in order; an update runs when the count of episodes reaches a multiple of
         `update_every` (its metrics join that episode's).
+
+        `ordinals`: each episode's place in the run's stream (its decisions' keys and its order in the update);
+        by default the next ones. With P processes, process p plays the episodes of ordinals p, p + P, ... (the
+        default is `episodes_seen + i * P + p`): every process calls this with the same number of episodes, and
+        each episode counts P towards `episodes_seen` (all processes played one), so the updates, a collective
+        over all processes' decisions, fall at the same calls everywhere.
         """
         users = list(user_ids) if user_ids is not None else [e.episode_id for e in episodes]
         if len(users) != len(episodes) or len(set(users)) != len(users):
@@ -356,7 +384,10 @@ class OnlineLearner:
         if self.config.fresh_memory:
             for user in users:
                 self.store.delete_user(user)
-        keys = [self.episodes_seen + i for i in range(len(episodes))]
+        keys = (list(ordinals) if ordinals is not None else
+                [self.episodes_seen + i * self.processes + jax.process_index() for i in range(len(episodes))])
+        if len(keys) != len(episodes):
+            raise ValueError(f"OnlineLearner.run_episodes: {len(keys)} ordinals for {len(episodes)} episodes")
         records: list[list[_TurnRecord]] = [[] for _ in episodes]
         for tick in lockstep(schedules):
             played = self._play_turns([(episodes[i], users[i], s, t, hist, keys[i]) for i, s, t, hist in tick])
@@ -370,7 +401,7 @@ class OnlineLearner:
         receipts = [rec.receipt for rec in records]
         self._closed.add(user)
         self.last_receipts = receipts
-        self.episodes_seen += 1
+        self.episodes_seen += self.processes
         counts = session_counts(episode, receipts)
         for rec in records:  # the judged rewards
             c = counts[rec.receipt.session]
@@ -486,6 +517,10 @@ class OnlineLearner:
         for rec in ready:
             rec.planner_reward = finalized[rec.receipt.planner.decision_id].reward
         self.last_records = records + ready
+        view = self._gather(_UpdateView(
+            records, ready, list(finalized.values()), self._since["proxy_failures"], self._since["quality_failures"],
+            self._usage() - self._since["usage"], list(self._counts), len(self.buffer), len(self._holdover)))
+        records, ready = view.records, view.ready
         slots = self._slots(records, ready)
         size = self.config.ppo.minibatch_size
         cuts = partition(slots, size, self.rng)  # one partition for all epochs (see rl.update)
@@ -494,7 +529,7 @@ class OnlineLearner:
         result = self.updater.run(minibatches, self.rng, rollout)
         self.updates += 1
         self.agent.config = dataclasses.replace(self.agent.config, policy_version=str(self.updates))
-        metrics = self._metrics(records, ready, finalized, result)
+        metrics = self._metrics(view, result)
         metrics["update/decisions/planner"] = float(sum(x.planner is not None for x in slots))
         metrics["update/decisions/trigger"] = float(sum(x.trigger is not None for x in slots))
         metrics["update/seconds"] = time.perf_counter() - start
@@ -541,16 +576,32 @@ class OnlineLearner:
                 slots.append(Slot(p, t))
         return slots
 
-    def _metrics(self, records: Sequence[_TurnRecord], ready: Sequence[_TurnRecord],
-                 finalized: Mapping[str, SaveReward], result: UpdateResult) -> dict[str, float]:
-        """The plain metrics dict of one update (rewards, PPO, judges, tokens, labels)."""
+    def _gather(self, view: _UpdateView) -> _UpdateView:
+        """This process's view of an update, or with several processes all of theirs merged (a collective):
+        turns and holdovers in the order one process playing every episode would have them (episode ordinal,
+        session, turn), counts summed, so every process trains on the same global batch."""
+        if self.processes == 1:
+            return view
+        views = parallel.allgather_objects(view)
+        order = lambda rec: (rec.episode_key, rec.receipt.session, rec.receipt.turn)  # noqa: E731
+        return _UpdateView(sorted((r for v in views for r in v.records), key=order),
+                           sorted((r for v in views for r in v.ready), key=order),
+                           [x for v in views for x in v.saves], sum(v.proxy_failures for v in views),
+                           sum(v.quality_failures for v in views), sum((v.usage for v in views), TokenUsage()),
+                           [c for v in views for c in v.counts], sum(v.waiting for v in views),
+                           sum(v.holdover for v in views))
+
+    def _metrics(self, view: _UpdateView, result: UpdateResult) -> dict[str, float]:
+        """The plain metrics dict of one update (rewards, PPO, judges, tokens, labels), over every process's
+        decisions."""
+        records, ready = view.records, view.ready
         mean = lambda xs: float(np.mean(xs)) if len(xs) else float("nan")  # noqa: E731
         planned = [r for r in list(records) + list(ready) if r.planner_reward is not None]
         saves = [r.planner_reward for r in planned if r.receipt.fragment is not None]
         discards = [r.planner_reward for r in planned if r.receipt.fragment is None]
         trig = [r.r_qual for r in records if r.r_qual is not None]
-        triggered = [s for s in finalized.values() if s.triggered]
-        used = self._usage() - self._since["usage"]
+        triggered = [s for s in view.saves if s.triggered]
+        used = view.usage
         out = {
             "rewards/trigger": mean(trig),
             "rewards/planner": mean([r.planner_reward for r in planned]),
@@ -561,23 +612,23 @@ class OnlineLearner:
             "agent/save_rate": mean([float(r.receipt.planner.save) for r in records]),
             "agent/memory_use_rate": mean([float(r.receipt.trigger.action > 0) for r in records]),
             "agent/turns": float(len(records)),
-            "judge/proxy_failures": float(self._since["proxy_failures"]),
-            "judge/quality_failures": float(self._since["quality_failures"]),
+            "judge/proxy_failures": float(view.proxy_failures),
+            "judge/quality_failures": float(view.quality_failures),
             "llm/tokens": float(used.total_tokens),
             "llm/attempts": float(used.attempts),  # retries included; failures: requests that exhausted them
             "llm/retries": float(used.retries),
             "llm/failures": float(used.failures),
-            "buffer/waiting": float(len(self.buffer)),
-            "buffer/holdover": float(len(self._holdover)),
+            "buffer/waiting": float(view.waiting),
+            "buffer/holdover": float(view.holdover),
             "update/index": float(self.updates),
-            "update/total_skipped_steps": float(int(self.updater.num_skipped)),
+            "update/total_skipped_steps": float(int(parallel.to_host(self.updater.num_skipped))),
             "update/total_rollbacks": float(self.updater.monitor.rollbacks),
             "update/programs": float(len(result.shapes)),
             "update/wall_since_last": time.perf_counter() - self._since["time"],
         }
         out.update(result.metrics("update"))
-        if any(c.needed or c.gold_saves for c in self._counts):
-            out.update(pooled_metrics(self._counts, "labels"))
+        if any(c.needed or c.gold_saves for c in view.counts):
+            out.update(pooled_metrics(view.counts, "labels"))
         return out
 
     def close_user(self, user_id: str) -> None:
@@ -586,8 +637,10 @@ class OnlineLearner:
         self._closed.add(user_id)
 
     def has_pending(self) -> bool:
-        """Whether decisions wait for an update (a checkpoint can only be taken when none do)."""
-        return bool(self._turns or self._holdover)
+        """Whether decisions wait for an update (a checkpoint can only be taken when none do), on any process
+        (a collective with several)."""
+        mine = bool(self._turns or self._holdover)
+        return mine if self.processes == 1 else any(parallel.allgather_objects(mine))
 
     # ------------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict[str, Any]:
@@ -601,7 +654,7 @@ class OnlineLearner:
             "version": STATE_VERSION,
             "params": policy_arrays(nnx.state(self.policies, TRAINABLE)),
             "rest": policy_arrays(nnx.state(self.policies, nnx.Not(nnx.Param))),
-            "optimizer": jax.device_get(self.updater.state_dict()),  # host copies: the live state is donated
+            "optimizer": self.updater.state_dict(),  # host copies: the live state is donated
             "buffer": self.buffer.state_dict(),
             "divergence": self.updater.monitor.state_dict(),
             "agent_key": np.asarray(jax.random.key_data(self.agent.key)),
@@ -654,33 +707,41 @@ def evaluate(
     The agent acts on `user_speaker`'s turns (None: on every turn, as online on real data).
     `greedy=False` samples decisions as the online agent does (seeded: each draw depends on `seed` and the
     decision's place, so the same probabilities give the same draws); `greedy=True` takes the most likely ones.
-    `users_in_flight` episodes are played in lockstep, their decisions batched (same counts).
+    `users_in_flight` episodes are played in lockstep, their decisions batched (same counts). With several JAX
+    processes, process p plays episodes p, p + P, ... and the counts of all come back to every process in the
+    order of `episodes` (a collective: every process calls it with the same episodes).
     """
     if isinstance(users_in_flight, bool) or not isinstance(users_in_flight, int) or users_in_flight < 1:
         raise ValueError(f"evaluate: users_in_flight must be a positive int, got {users_in_flight!r}")
     cfg = dataclasses.replace(agent_config or AgentConfig(), greedy=greedy)
     backend = backend or OfflineBackend()
+    count, index = jax.process_count(), jax.process_index()
+    mine = list(range(index, len(episodes), count))  # the ordinals this process plays
     with MemoryStore() as store:
         agent = MemoryAgent(policies, tokenizer, store, backend, config=cfg, seed=seed)
         try:
-            out = []
-            for start in range(0, len(episodes), users_in_flight):
-                group = episodes[start: start + users_in_flight]
-                out += _evaluate_group(agent, group, start, user_speaker)
+            out: list[list[SessionCounts]] = []
+            for start in range(0, len(mine), users_in_flight):
+                ordinals = mine[start: start + users_in_flight]
+                out += _evaluate_group(agent, [episodes[j] for j in ordinals], ordinals, user_speaker)
         finally:
             agent.close()  # its request pool, made when the back end is remote
-    return out
+    if count > 1:
+        parts = parallel.allgather_objects(out)  # process p's k-th episode is ordinal k * P + p
+        out = [parts[j % count][j // count] for j in range(len(episodes))]
+    return [c for counts in out for c in counts]
 
 
-def _evaluate_group(agent: MemoryAgent, episodes: Sequence[Episode], first: int, user_speaker: str | None
-                    ) -> list[SessionCounts]:
-    """`evaluate`'s play of consecutive episodes (the first is number `first`) in lockstep; their label counts."""
+def _evaluate_group(agent: MemoryAgent, episodes: Sequence[Episode], ordinals: Sequence[int],
+                    user_speaker: str | None) -> list[list[SessionCounts]]:
+    """`evaluate`'s play of episodes (numbers `ordinals`: their decisions' keys) in lockstep; each one's label
+    counts."""
     receipts: list[list[Receipt]] = [[] for _ in episodes]
     for tick in lockstep([agent_turns(e, user_speaker) for e in episodes]):
         inputs = [TurnInput(episodes[i].episode_id, episodes[i].sessions[s].turns[t].text, hist,
                             episodes[i].episode_id, s, t, label=memory_label(episodes[i].sessions[s].turns[t]))
                   for i, s, t, hist in tick]
-        keys = decision_keys(agent.key, np.asarray([(first + i, s, t) for i, s, t, _ in tick], np.int32))
+        keys = decision_keys(agent.key, np.asarray([(ordinals[i], s, t) for i, s, t, _ in tick], np.int32))
         for (i, *_), (_, receipt) in zip(tick, agent.step_many(inputs, keys=keys), strict=True):
             receipts[i].append(receipt)
-    return [c for e, r in zip(episodes, receipts, strict=True) for c in session_counts(e, r)]
+    return [session_counts(e, r) for e, r in zip(episodes, receipts, strict=True)]

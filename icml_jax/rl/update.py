@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from icml_jax import parallel
 from icml_jax.agents.observation import left_pad
@@ -371,7 +371,10 @@ class JointUpdater:
     """
 
     def __init__(self, policies: MemoryPolicies, config: PPOConfig,
-                 divergence: DivergenceConfig | None = None) -> None:
+                 divergence: DivergenceConfig | None = None, *, mesh: Mesh | None = None) -> None:
+        """`mesh`: where the update runs (default: the policies' mesh, if any). Minibatch rows are sharded over
+        its `data` axis; a mesh spanning several processes runs one global update over the rows every process
+        passes (the same host minibatches everywhere), the policies staying on their process-local mesh."""
         self.policies, self.config = policies, config
         self.monitor = DivergenceMonitor(divergence or DivergenceConfig(), "online PPO update")
         if config.update_dropout:
@@ -385,16 +388,54 @@ class JointUpdater:
         self.spec = StepSpec(graphdef, step_config(config))
         self.tx = joint_optimizer(self.spec.config)
         self.opt_state = self.tx.init(nnx.state(policies, TRAINABLE))
-        mesh = parallel.model_mesh(policies)  # step inputs live where its outputs will: one compiled program
-        self._replicated = NamedSharding(mesh, PartitionSpec()) if mesh is not None else None
+        self.local_mesh = parallel.model_mesh(policies)
+        self.mesh = mesh if mesh is not None else self.local_mesh  # step inputs live where its outputs will
+        self._replicated = NamedSharding(self.mesh, PartitionSpec()) if self.mesh is not None else None
+        self._global = self.mesh is not None and self.mesh != self.local_mesh  # update mesh != playing mesh
+        self._spans = self.mesh is not None and len({d.process_index for d in self.mesh.devices.flat}) > 1
+        if self._global and self.local_mesh is None:
+            raise ValueError("JointUpdater: an update mesh of its own needs the policies on a mesh too "
+                             "(parallel.shard_model onto the process's local mesh)")
+        data = self.mesh.shape["data"] if self.mesh is not None else 1
+        if config.minibatch_size % data:
+            raise ValueError(f"JointUpdater: minibatch_size={config.minibatch_size} rows cannot be sharded over the "
+                             f"mesh's data axis of {data} devices; make it a multiple of {data}")
         self.num_skipped = self._put(jnp.zeros((), jnp.int32))
         self.opt_state = jax.tree.map(  # optax makes its step counters on one device
-            lambda x: x if isinstance(getattr(x, "sharding", None), NamedSharding) else self._put(x), self.opt_state)
+            lambda x: self._to_update_mesh(x) if isinstance(getattr(x, "sharding", None), NamedSharding)
+            else self._put(x), self.opt_state)
         self.num_steps = 0
 
     def _put(self, tree: Any) -> Any:
-        """Replicates small step inputs (counters, epoch-0 placeholders) over the policies' mesh, if any."""
-        return tree if self._replicated is None else jax.device_put(tree, self._replicated)
+        """Replicates small step inputs (counters, epoch-0 placeholders) over the update mesh, if any."""
+        if self._replicated is None:
+            return tree
+        if not self._spans:
+            return jax.device_put(tree, self._replicated)
+        return jax.tree.map(lambda x: parallel.place(x, self._replicated), tree)
+
+    def _to_update_mesh(self, tree: Any) -> Any:
+        """Policy-mesh arrays on the update mesh (the same buffers) when the two differ."""
+        return parallel.to_mesh(tree, self.mesh) if self._global else tree
+
+    def _to_policy_mesh(self, tree: Any, like: Any) -> Any:
+        """The step's outputs back on the policies' mesh, each with the sharding of its input `like`."""
+        if not self._global:
+            return tree
+        tree = jax.tree.map(lambda x, ref: x if x.sharding == ref.sharding else jax.device_put(x, ref.sharding),
+                            tree, like)
+        return parallel.to_mesh(tree, self.local_mesh)
+
+    def _rows(self, batch: Any, stacked: bool = False) -> Any:
+        """A host minibatch (or a stack of them) on the update mesh, its rows sharded over `data`."""
+        if self.mesh is None:
+            return jax.device_put(batch)
+        spec = PartitionSpec(None, "data") if stacked else PartitionSpec("data")
+        return jax.tree.map(lambda x: parallel.place(x, NamedSharding(self.mesh, spec)), batch)
+
+    def _flag(self, value: bool) -> Any:
+        """The `first_epoch` flag as a step input (replicated over a mesh that spans processes)."""
+        return self._put(np.asarray(value)) if self._spans else jnp.asarray(value)
 
     def split(self) -> tuple[nnx.State, nnx.State, nnx.State]:
         """(trainable, frozen, rest) states of the policies, in the order the step takes them."""
@@ -419,13 +460,14 @@ class JointUpdater:
             raise ValueError("JointUpdater.run: PPOConfig.old_logp='rollout' anchors the ratio on the behaviour "
                              "policy, so every minibatch needs its rollout statistics (`rollout_stats`)")
         epochs = self.config.epochs if epochs is None else epochs
-        params, frozen, rest = self.split()
+        params, frozen, rest = self._to_update_mesh(self.split())
+        start_params, start_rest = params, rest  # their shardings: what the policies' mesh gets back
         host_batches = list(minibatches)
         shapes = {minibatch_shape(mb) for mb in host_batches}
         # runs of STEPS_PER_CALL steps go to `ppo_steps` when every minibatch has one shape; the rest one by one
         chunk = STEPS_PER_CALL if len(shapes) == 1 and len(host_batches) >= STEPS_PER_CALL else 0
-        minibatches = [jax.device_put(mb) for mb in host_batches] if not chunk else []  # once for all epochs
-        skipped_before = int(self.num_skipped)
+        minibatches = [self._rows(mb) for mb in host_batches] if not chunk else []  # once for all epochs
+        skipped_before = int(parallel.to_host(self.num_skipped))
         rollback = self.monitor.config.action == "rollback"  # the policies keep the old params until the end
         saved_opt = jax.tree.map(jnp.copy, self.opt_state) if rollback else None  # the live one is donated
         olds: list[Any] = ([jax.tree.map(np.asarray, r) for r in rollout] if use_rollout
@@ -440,19 +482,19 @@ class JointUpdater:
             cut = len(order) - len(order) % chunk if chunk else 0
             for start in range(0, cut, chunk or 1):
                 ks = order[start: start + chunk]
-                batch = jax.device_put(_stack([host_batches[k] for k in ks]))
+                batch = self._rows(_stack([host_batches[k] for k in ks]), stacked=True)
                 old = self._put(_stack([jax.tree.map(np.asarray, zeros) if first else olds[k] for k in ks]))
                 params, self.opt_state, rest, self.num_skipped, current, metrics = ppo_steps(
-                    self.spec, params, frozen, rest, self.opt_state, self.num_skipped, batch, old, jnp.asarray(first))
+                    self.spec, params, frozen, rest, self.opt_state, self.num_skipped, batch, old, self._flag(first))
                 outputs.append((ks, current, metrics, True))
             for k in order[cut:]:
-                batch = minibatches[k] if minibatches else jax.device_put(host_batches[k])
+                batch = minibatches[k] if minibatches else self._rows(host_batches[k])
                 old = self._put(jax.tree.map(jnp.asarray, zeros if first else olds[k]))
                 params, self.opt_state, rest, self.num_skipped, current, metrics = ppo_step(
-                    self.spec, params, frozen, rest, self.opt_state, self.num_skipped, batch, old, jnp.asarray(first))
+                    self.spec, params, frozen, rest, self.opt_state, self.num_skipped, batch, old, self._flag(first))
                 outputs.append(([k], current, metrics, False))
             host = []
-            for ks, current, metrics, stacked in jax.device_get(outputs):  # one transfer per epoch
+            for ks, current, metrics, stacked in parallel.to_host(outputs):  # one transfer per epoch
                 currents = _unstack(current, len(ks)) if stacked else [current]
                 host += _unstack(metrics, len(ks)) if stacked else [metrics]
                 for k, c in zip(ks, currents, strict=True):
@@ -466,7 +508,7 @@ class JointUpdater:
                 return UpdateResult(per_epoch, (epoch + 1) * len(host_batches), 0, shapes, {}, rolled_back=True)
             per_epoch.append({key: float(np.mean([m[key] for m in host])) for key in host[0]
                               if key not in PER_STEP_ONLY})
-        nnx.update(self.policies, params, rest)
+        nnx.update(self.policies, *self._to_policy_mesh((params, rest), (start_params, start_rest)))
         gap = {a: 0.0 for a in AGENTS}
         for k, forward in enumerate(seen if rollout is not None and epochs > 0 else ()):
             batch = host_batches[k]
@@ -476,7 +518,7 @@ class JointUpdater:
             ):
                 diff = np.abs(np.asarray(recomputed) - given)[np.asarray(valid)]
                 gap[agent] = max(gap[agent], float(diff.max(initial=0.0)))
-        skipped = int(self.num_skipped) - skipped_before
+        skipped = int(parallel.to_host(self.num_skipped)) - skipped_before
         return UpdateResult(per_epoch, len(host_batches) * epochs, skipped, shapes, gap)
 
     def _diverged(self, host: Sequence[dict[str, Any]], first_step: int) -> bool:
@@ -498,10 +540,11 @@ class JointUpdater:
         return False
 
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer state as a flat list of arrays (its structure comes from the live optimizer on restore, so a
-        checkpointer sees plain arrays) plus the step counters."""
-        return {"opt_state": jax.tree.leaves(self.opt_state), "num_skipped": self.num_skipped,
-                "num_steps": self.num_steps}
+        """Optimizer state as a flat list of host arrays (its structure comes from the live optimizer on restore, so
+        a checkpointer sees plain arrays) plus the step counters; a collective when the update mesh spans
+        processes."""
+        return {"opt_state": parallel.to_host(jax.tree.leaves(self.opt_state)),
+                "num_skipped": parallel.to_host(self.num_skipped), "num_steps": self.num_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores what `state_dict` returned; the leaves must match this optimizer's state one for one."""
@@ -514,7 +557,8 @@ class JointUpdater:
                 + (f"; shape mismatch at leaves {bad[:5]} (e.g. {np.shape(got[bad[0]])} vs "
                    f"{np.shape(expected[bad[0]])})" if bad else "")
                 + " (another backbone, LoRA or head configuration?)")
-        leaves = [jax.device_put(jnp.asarray(g, dtype=e.dtype), e.sharding) for e, g in zip(expected, got)]
+        leaves = [jax.device_put(jnp.asarray(g, dtype=e.dtype), e.sharding) if e.is_fully_addressable
+                  else parallel.place(np.asarray(g).astype(e.dtype), e.sharding) for e, g in zip(expected, got)]
         self.opt_state = jax.tree.unflatten(jax.tree.structure(self.opt_state), leaves)
         self.num_skipped = self._put(jnp.asarray(state["num_skipped"], jnp.int32))
         self.num_steps = int(state["num_steps"])

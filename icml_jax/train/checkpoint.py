@@ -51,11 +51,19 @@ def save_warmup(path: str | os.PathLike[str], policies: nnx.Module, metadata: di
     arrays = {k: v.get_raw_value() for k, v in flat_trainable(policies).items()}
     if not arrays:
         raise ValueError("save_warmup: the policies have no trainable parameters (no LoRA adapters and no heads?)")
-    with ocp.StandardCheckpointer() as ckptr:
+    several = jax.process_count() > 1
+    if several:  # each process holds the same policy on its own devices: host copies, the first process writes
+        arrays = {k: np.asarray(jax.device_get(v)) for k, v in arrays.items()}
+    with ocp.StandardCheckpointer() as ckptr:  # every process of a run calls this
         ckptr.save(path / STATE_DIR, arrays, force=True)
         ckptr.wait_until_finished()
-    meta = {"format_version": FORMAT_VERSION, "params": param_index(policies), **(metadata or {})}
-    (path / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n")
+    if jax.process_index() == 0:
+        meta = {"format_version": FORMAT_VERSION, "params": param_index(policies), **(metadata or {})}
+        (path / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n")
+    if several:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(f"save_warmup {path}")
     return path
 
 
