@@ -341,18 +341,16 @@ def _learner(config: ml_collections.ConfigDict):
 
 def _write_json_atomic(path: Path, data: Any) -> None:
     """Writes `path` so that a kill leaves either the old or the new file, never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(json.dumps(json_safe(data), indent=2, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    _write_text_atomic(path, json.dumps(json_safe(data), indent=2, sort_keys=True) + "\n")
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
     """Writes `path` whole or not at all (other processes of the run may be reading it)."""
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -392,7 +390,7 @@ class Run:
         self.deferred = {}
         self.progress["done"].update(done)
         self.progress["metrics_bytes"] = self.metrics.position()
-        if _primary():  # the run's shared files are the first process's to write
+        if _is_primary():  # the run's shared files are the first process's to write
             _write_json_atomic(self.workdir / PROGRESS_FILE, self.progress)
 
     def save_policy(self, metadata: dict[str, Any]) -> Path:
@@ -402,11 +400,11 @@ class Run:
         return save_warmup(self.workdir / POLICY_DIR, self.policies, json_safe(metadata))  # every process calls
 
 
-def _primary() -> bool:
-    """Whether this is the process that writes the run's files (the only one, or the first of several)."""
-    import jax
+def _is_primary() -> bool:
+    """`parallel.is_primary()`, imported late as main's other heavy modules are."""
+    from icml_jax import parallel
 
-    return jax.process_index() == 0
+    return parallel.is_primary()
 
 
 class _NoMetrics:
@@ -626,7 +624,7 @@ def stage_online(run: Run) -> dict[str, Any]:
             before, before_rows = state["before"], state["before_rows"]
         extra = {"before": before, "before_rows": before_rows}
         bar = tqdm(stream, desc="online episodes", unit="ep", total=stream.total,
-                   initial=learner.episodes_seen // count, leave=False, disable=not _primary())
+                   initial=learner.episodes_seen // count, leave=False, disable=not _is_primary())
         rows: list[dict[str, Any]] = []  # episode rows not yet written (several processes: until an update)
         for group in user_groups(bar, learner_cfg.users_in_flight, learner_cfg.update_every // count,
                                  learner.episodes_seen // count):
@@ -750,7 +748,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
     stages = validate(config, workdir)
     root = Path(workdir).expanduser()
     root.mkdir(parents=True, exist_ok=True)
-    primary = _primary()
+    primary = _is_primary()
     if primary:
         _write_text_atomic(root / "config.json", config_text(config))
     progress = read_progress(root)

@@ -22,6 +22,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from icml_jax import parallel
 from icml_jax.memory.store import MemoryStore
 
 ARRAYS, STATE = "arrays", "state"
@@ -166,12 +167,9 @@ class RunCheckpointer:
         n = 1
         while dest.exists():
             dest, n = dest_root / f"{step}.{n}", n + 1
-        if jax.process_index() == 0:  # the run's files are the first process's to move
+        if parallel.is_primary():  # the run's files are the first process's to move
             os.replace(self.directory / str(step), dest)
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
-            multihost_utils.sync_global_devices(f"checkpoint {step} moved aside")
+        parallel.barrier(f"checkpoint {step} moved aside")
         self._manager.reload()
         return dest
 

@@ -18,6 +18,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from icml_jax import parallel
 from icml_jax.models.lora import TRAINABLE
 
 HEADS: tuple[str, ...] = ("planner_actor", "planner_critic", "trigger_actor", "trigger_critic", "trigger_match")
@@ -57,13 +58,10 @@ def save_warmup(path: str | os.PathLike[str], policies: nnx.Module, metadata: di
     with ocp.StandardCheckpointer() as ckptr:  # every process of a run calls this
         ckptr.save(path / STATE_DIR, arrays, force=True)
         ckptr.wait_until_finished()
-    if jax.process_index() == 0:
+    if parallel.is_primary():
         meta = {"format_version": FORMAT_VERSION, "params": param_index(policies), **(metadata or {})}
         (path / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n")
-    if several:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(f"save_warmup {path}")
+    parallel.barrier(f"save_warmup {path}")
     return path
 
 
