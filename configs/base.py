@@ -2,7 +2,8 @@
 of the module that reads it, so the defaults live (and are tested) next to the code.
 
 Blocks: mode (stages in order), data, model, policy, lora, parallel, llm (generator and judge back ends),
-synthesis, warmup, rl (PPO, rewards), learner, observation, online, checkpoint.
+synthesis, warmup, rl (PPO, rewards), learner, observation, online, checkpoint, limits (size caps on untrusted text:
+read by the chat and the Memory API, not by training, so changing them never makes another run).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from icml_jax.llm.gemini import GeminiConfig
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig
 from icml_jax.synthesis import default_config as synthesis_config
+from icml_jax.textcheck import TextLimits
 from icml_jax.train import default_config as warmup_config
 
 
@@ -153,4 +155,6 @@ def get_config() -> ml_collections.ConfigDict:
         keep=3,  # complete checkpoints kept in <workdir>/checkpoints
         async_save=True,  # write in the background while the next episodes play
     ))
+    # a chat line / Memory API text, a search result's source excerpt, Memory.add metadata (longer: refused)
+    config.limits = ml_collections.ConfigDict(dataclasses.asdict(TextLimits()))
     return config

@@ -6,8 +6,14 @@ checkpoint `<workdir>/warmup`), and chats as one user whose memories persist acr
 "chat"), numbered by the store in one transaction (`MemoryStore.open_session`: one more than any session recorded
 or stored for the user), so two chats of one user running at once get different sessions and the fragment ids
 of different runs never collide. Decisions are greedy, so a given state always gives the same chat. Commands:
-/memories, /history ID, /forget ID, /why, /help, /quit. A line that is not valid UTF-8 is rejected with one error line and the
-chat goes on; a damaged checkpoint stops the chat before it starts with one `chat error:` line (status 2).
+/memories, /history ID, /forget ID, /why, /help, /quit. A line that is not valid UTF-8 (or holds a lone surrogate), or
+is longer than the run's `config.limits.max_text_chars` (32768 characters by default), is refused with one error line
+and the chat goes on; a damaged checkpoint stops the chat before it starts with one `chat error:` line (status 2).
+
+Piped input is read one line at a time, each answered before the next is read: a long backlog (a script of 10,000
+lines) is played in full, in order, with no more than one line held in memory (the pipe holds the rest, its
+writer waits). No backlog cap drops lines, since every line is a turn its user sent; the cost per line grows with
+the user's memories (each saved turn is one more to rank), not with the backlog.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import ml_collections
 from absl import app, flags
 
 from icml_jax import main as job  # build_models; also defines the shared --workdir flag
+from icml_jax.textcheck import TextError, TextLimits, check_text
 
 EPISODE_ID = "chat"
 CONFIG_FILE = "config.json"
@@ -107,6 +114,7 @@ class ChatModel:
     generator: Any  # LLMBackend: replies and memory notes
     agent_config: Any  # AgentConfig (greedy)
     speakers: tuple[str, str]  # (user, assistant) labels of the history the policies were trained on
+    limits: TextLimits = dataclasses.field(default_factory=TextLimits)  # the run's config.limits
 
     def agent(self, store: Any) -> Any:
         """A MemoryAgent on `store` (greedy: deterministic for a given policy and memory)."""
@@ -154,16 +162,25 @@ def load_model(workdir: str | Path) -> ChatModel:
         supersede_candidates=int(learner.get("supersede_candidates", 3)),
         policy_version=str(meta.get("policy_version", checkpoint.name)))
     speakers = (str(world.get("user_speaker", "user")), str(world.get("assistant_speaker", "assistant")))
-    return ChatModel(workdir, checkpoint, note, policies, tokenizer, generator, agent_config, speakers)
+    try:  # a run written before config.limits existed gets the defaults
+        limits = TextLimits.from_config(config.get("limits"))
+    except (TypeError, ValueError) as exc:
+        generator.close()
+        raise ChatError(f"config.limits of {workdir}/{CONFIG_FILE}: {exc}") from None
+    return ChatModel(workdir, checkpoint, note, policies, tokenizer, generator, agent_config, speakers, limits)
 
 
 class ChatSession:
     """One user's chat: a MemoryAgent on a file-backed store, this session's dialogue and the last receipt."""
 
-    def __init__(self, model: ChatModel, store: Any, user_id: str, *, owns_store: bool = False) -> None:
+    def __init__(self, model: ChatModel, store: Any, user_id: str, *, owns_store: bool = False,
+                 limits: TextLimits | None = None) -> None:
         if not user_id:
             raise ChatError("--user is required: the chat keeps one memory per user")
         self.model, self.store, self.user_id = model, store, user_id
+        if limits is None:  # a loaded run's own limits; a stand-in model (tests, notebooks) gets the defaults
+            limits = model.limits if isinstance(model, ChatModel) else TextLimits()
+        self.limits = limits
         self.agent = model.agent(store)
         self.session = store.open_session(user_id, EPISODE_ID)  # atomic: a parallel chat of this user gets another
         self.history: list[tuple[str, str]] = []  # this session's dialogue, (speaker, text), oldest first
@@ -203,7 +220,9 @@ class ChatSession:
 
     def send(self, text: str) -> str:
         """One user turn: the agent's reply. The turn index is the utterance's position in this session's dialogue
-        (user and assistant lines, as in the datasets); whether it was saved, /why tells."""
+        (user and assistant lines, as in the datasets); whether it was saved, /why tells. TextError (nothing
+        stored) when `text` is not valid Unicode or longer than `limits.max_text_chars`."""
+        text = check_text(text, "ChatSession.send", "text", max_chars=self.limits.max_text_chars)
         user, assistant = self.model.speakers
         reply, receipt = self.agent.step(self.user_id, text, history=tuple(self.history), episode_id=EPISODE_ID,
                                          session=self.session, turn=len(self.history))
@@ -253,13 +272,14 @@ def _event_line(event: Any) -> str:
 
 QUIT = ("/quit", "/exit")
 MAX_FAILED_READS = 20  # consecutive undecodable reads from a stream that keeps failing: stop instead of spinning
+_LINE_SLACK = 64  # characters read beyond limits.max_text_chars, so spaces and a line end around a full turn fit
 
 
 def _tolerant(stream: TextIO) -> TextIO:
     """`stream`, decoding bytes that are not valid in its encoding as surrogates instead of raising.
 
     A strict text stream that meets one bad byte raises and loses its whole read-ahead buffer; with
-    surrogateescape, the bad line arrives intact and `_undecodable` rejects just that line.
+    surrogateescape, the bad line arrives intact and the text validator rejects just that line.
     """
     if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
         stream.reconfigure(errors="surrogateescape")
@@ -273,30 +293,57 @@ def _encoding_name(stream: TextIO) -> str:
         return "UTF-8"
 
 
-def _undecodable(line: str) -> str | None:
-    """Where `line` holds a byte its stream could not decode (a surrogate escape), e.g. 'byte 0xff at column 5'."""
-    for column, char in enumerate(line, 1):
-        if "\udc80" <= char <= "\udcff":
-            return f"byte 0x{ord(char) - 0xDC00:02x} at column {column}"
-    return None
+def _refusal(exc: TextError, encoding: str) -> str:
+    """The chat's one line for a line the text validator refused, e.g. '... (byte 0xff at column 5) ...'."""
+    if exc.byte is not None:  # a byte its stream could not decode (a surrogate escape)
+        return f"error: input is not valid {encoding} (byte 0x{exc.byte:02x} at column {exc.offset + 1}); turn ignored"
+    return f"error: input is not valid text ({exc.reason} at column {(exc.offset or 0) + 1}); turn ignored"
 
 
-def _read(input_stream: TextIO, prompt: str) -> str | None:
-    """One line (None at EOF); prompts only when a person is typing."""
+@dataclasses.dataclass(frozen=True)
+class _Overlong:
+    """A line longer than the chat takes: how many characters it had (read and discarded, never stored)."""
+
+    chars: int
+
+
+def _too_long(chars: int, limit: int) -> str:
+    return (f"error: line of {chars} characters is over the limit of {limit} (config limits.max_text_chars); "
+            "turn ignored")
+
+
+def _read(input_stream: TextIO, prompt: str, max_chars: int) -> str | _Overlong | None:
+    """One line (None at EOF); prompts only when a person is typing. A stream's line longer than `max_chars`
+    (plus a little room for surrounding spaces) is read in bounded pieces to its end and comes back as _Overlong."""
     if input_stream is sys.stdin and sys.stdin.isatty():
         try:
             return input(prompt)
         except EOFError:
             return None
-    line = input_stream.readline()
-    return line if line else None
+    if not isinstance(input_stream, io.TextIOBase):  # a duck-typed stream: its readline takes no size
+        line = input_stream.readline()
+        return line if line else None
+    size = max_chars + _LINE_SLACK
+    line = input_stream.readline(size)
+    if not line:
+        return None
+    if len(line) < size or line.endswith("\n"):
+        return line
+    chars = len(line)
+    while not line.endswith("\n"):  # the rest of the line, a piece at a time, to keep memory bounded
+        line = input_stream.readline(size)
+        if not line:
+            break
+        chars += len(line)
+    return _Overlong(chars - 1 if line.endswith("\n") else chars)
 
 
 def repl(session: ChatSession, input_stream: TextIO, output_stream: TextIO) -> int:
     """Reads lines until /quit or EOF: `/commands` are run, other non-empty lines go to the agent; returns 0.
 
-    A line that is not valid in the input's encoding is answered with one error line and skipped (a strict
-    `io.TextIOWrapper` input is switched to errors="surrogateescape" for this).
+    A line that is not valid in the input's encoding (or not valid text), or longer than the session's
+    `limits.max_text_chars`, is answered with one error line and skipped (a strict `io.TextIOWrapper` input is
+    switched to errors="surrogateescape" for this).
     """
     from icml_jax.llm.types import BackendError
     from icml_jax.memory.store import MemoryStoreError
@@ -308,11 +355,11 @@ def repl(session: ChatSession, input_stream: TextIO, output_stream: TextIO) -> i
     say(session.banner())
     prompt = f"{session.user_id}> "
     input_stream, encoding = _tolerant(input_stream), _encoding_name(input_stream)
-    failed_reads = 0
+    failed_reads, max_chars = 0, session.limits.max_text_chars
     try:
         while True:
             try:
-                line = _read(input_stream, prompt)
+                line = _read(input_stream, prompt, max_chars)
             except UnicodeDecodeError as exc:  # a stream that cannot be made tolerant
                 say(f"error: input is not valid {encoding} ({exc.reason} at byte {exc.start}); turn ignored")
                 failed_reads += 1
@@ -323,11 +370,19 @@ def repl(session: ChatSession, input_stream: TextIO, output_stream: TextIO) -> i
             failed_reads = 0
             if line is None:
                 break
-            if bad := _undecodable(line):
-                say(f"error: input is not valid {encoding} ({bad}); turn ignored")
+            if isinstance(line, _Overlong):
+                say(_too_long(line.chars, max_chars))
+                continue
+            try:
+                check_text(line, "chat", "line")  # the offsets are the raw line's columns
+            except TextError as exc:
+                say(_refusal(exc, encoding))
                 continue
             line = line.strip()
             if not line:
+                continue
+            if len(line) > max_chars:
+                say(_too_long(len(line), max_chars))
                 continue
             if line.split()[0] in QUIT:
                 break

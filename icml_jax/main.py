@@ -31,6 +31,7 @@ from ml_collections import config_flags
 from tqdm.auto import tqdm
 
 from icml_jax.runlog import METRICS_FILE, json_safe
+from icml_jax.textcheck import TextLimits
 
 STAGES = ("synthesize", "warmup", "online")
 SYNTHESIS_DIR = "synthesis"
@@ -188,6 +189,7 @@ def _check_blocks(config: ml_collections.ConfigDict, stages: Sequence[str]) -> N
         ("observation", lambda: _observation(config)),
         ("rl", lambda: (_ppo(config), _reward(config))),
         ("data.world", lambda: _world(config)),
+        ("limits", lambda: TextLimits.from_config(config.get("limits"))),
     ]
     if "synthesize" in stages:
         checks.append(("synthesis", lambda: _synthesis(config)))
@@ -229,7 +231,7 @@ def config_text(config: ml_collections.ConfigDict) -> str:
 
 
 # where this process joins its run (coordinator, process id): not part of which run a workdir holds
-PER_START_KEYS = ("parallel.distributed.",)
+PER_START_KEYS = ("parallel.distributed.", "limits.")  # limits: the chat's and the API's, not the run's
 
 
 def _check_same_run(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str]) -> None:

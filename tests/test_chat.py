@@ -8,6 +8,7 @@ Trigger aimed (from the features of the exact observation) at the stored fact fo
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import io
 import json
@@ -22,12 +23,15 @@ from pathlib import Path
 import jax.numpy as jnp
 import ml_collections
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from icml_jax import chat
 from icml_jax import main as job
 from icml_jax.agents import observation as obs
 from icml_jax.agents.policy import _features
 from icml_jax.memory import MemoryStore
+from icml_jax.textcheck import TextError, TextLimits
 from icml_jax.train.checkpoint import save_warmup
 from tests.memory import store_workers
 
@@ -390,3 +394,110 @@ def test_history_and_memories_show_a_superseded_memory_and_its_replacement(tmp_p
     assert f"[replaced by {new.fragment_id}]" in session.command("/memories")
     assert session.command("/history m_nope") == "no memory m_nope for 'alice'"
     assert stub_session(tmp_path, "bob").command(f"/history {old.fragment_id}").startswith("no memory")
+
+
+# -- issue 31: untrusted text at the chat's and the policy API's doors ---------------------------------------
+
+
+def test_an_over_long_line_is_refused_in_one_line_at_the_boundary(tmp_path):
+    """A 1 MB line was accepted and stored whole with the memory; now one error line, nothing stored."""
+    limits = TextLimits(max_text_chars=10)
+    typed = io.StringIO("a" * 10 + "\n" + "b" * 11 + "\n" + "c" * 1_048_575 + "\n" + "  " + "d" * 10 + "  \nok\n")
+    out = io.StringIO()
+    with chat.ChatSession(store_workers.StubChatModel(), MemoryStore(tmp_path / "s.sqlite"), "nina", owns_store=True,
+                          limits=limits) as s:
+        assert chat.repl(s, typed, out) == 0
+        assert [f.text for f in s.store.fragments("nina")] == ["a" * 10, "d" * 10, "ok"]
+        with pytest.raises(TextError, match=r"^ChatSession.send: text is 11 characters long, over the limit of 10"):
+            s.send("e" * 11)
+    too_long = "error: line of {} characters is over the limit of 10 (config limits.max_text_chars); turn ignored"
+    assert out.getvalue().splitlines()[1:] == [
+        "assistant: noted: " + "a" * 10, too_long.format(11), too_long.format(1_048_575),
+        "assistant: noted: " + "d" * 10, "assistant: noted: ok", "bye"]
+
+
+def test_the_default_cap_takes_a_full_turn_and_refuses_a_megabyte(tmp_path):
+    cap = TextLimits().max_text_chars
+    out = io.StringIO()
+    with stub_session(tmp_path) as s:
+        assert s.limits == TextLimits() and cap == 32_768
+        chat.repl(s, io.StringIO("x" * cap + "\n" + "y" * 1_048_575 + "\n"), out)
+        assert [len(f.text) for f in s.store.fragments("nina")] == [cap]
+    assert out.getvalue().splitlines()[2] == (
+        "error: line of 1048575 characters is over the limit of 32768 (config limits.max_text_chars); turn ignored")
+
+
+def test_a_lone_surrogate_line_is_refused_and_the_chat_goes_on(tmp_path):
+    out = io.StringIO()
+    with stub_session(tmp_path) as s:
+        chat.repl(s, io.StringIO("hi \ud800 there\n/forget \udbff\nfine\n"), out)
+        assert [f.text for f in s.store.fragments("nina")] == ["fine"]
+    assert out.getvalue().splitlines()[1:] == [
+        "error: input is not valid text (holds a lone surrogate U+D800 (not valid Unicode text) at column 4); "
+        "turn ignored",
+        "error: input is not valid text (holds a lone surrogate U+DBFF (not valid Unicode text) at column 9); "
+        "turn ignored",
+        "assistant: noted: fine", "bye"]
+
+
+def test_the_run_config_sets_the_chat_limits(workdir, tmp_path):
+    """`config.limits` of the run (config.json) sets the chat's caps; a run written before the block has the
+    defaults; a bad value there is one ChatError."""
+    run = tmp_path / "run"
+    shutil.copytree(workdir, run)
+    config = json.loads((run / "config.json").read_text())
+    assert config["limits"] == dataclasses.asdict(TextLimits())  # the main job writes the block
+    del config["limits"]
+    (run / "config.json").write_text(json.dumps(config))
+    assert chat.load_model(run).limits == TextLimits()
+    config["limits"] = {"max_text_chars": 20}
+    (run / "config.json").write_text(json.dumps(config))
+    loaded = chat.load_model(run)
+    with chat.ChatSession.open(run, "una", model=loaded) as s:
+        assert s.limits.max_text_chars == 20
+    loaded.close()
+    config["limits"] = {"max_text_chars": 0}
+    (run / "config.json").write_text(json.dumps(config))
+    with pytest.raises(chat.ChatError, match=r"config.limits of .*: TextLimits.max_text_chars must be a positive"):
+        chat.load_model(run)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(st.characters(exclude_categories=()), max_size=30))
+def test_the_memory_api_on_a_trained_policy_takes_any_text_or_refuses_it_with_one_error(workdir, text):
+    """The issue's probe: a lone surrogate reached the tokenizer (`TypeError: TextEncodeInput must be ...` ten
+    frames deep); now one TextError naming the method, the argument and the offset, and no session is left."""
+    from icml_jax.memory import Memory
+    from icml_jax.memory.api import API_EPISODE
+
+    with Memory(":memory:", workdir=workdir) as m:
+        for call in (lambda: m.add(text, "alice"), lambda: m.search(text, "alice")):
+            try:
+                call()
+            except TextError as e:
+                assert e.where in ("Memory.add", "Memory.search") and e.offset is not None
+                assert e.argument in ("messages", "query")
+        # an add of valid text opens one session (saved or not); a refused one opens none
+        assert m.store.open_session("alice", API_EPISODE) == 1 + int(bool(text.strip()) and _is_text(text))
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def test_the_memory_api_on_a_trained_policy_refuses_a_lone_surrogate_naming_the_call(workdir):
+    from icml_jax.memory import Memory
+
+    with Memory(":memory:", workdir=workdir) as m:
+        assert m.limits == TextLimits()
+        with pytest.raises(TextError, match=r"^Memory.add: messages holds a lone surrogate U\+D800 \(not valid "
+                                            r"Unicode text\) at character 3$"):
+            m.add("I'm\ud800 vegan", "alice")
+        with pytest.raises(TextError, match=r"^Memory.search: query holds a lone surrogate U\+DFFF .* at character "
+                                            r"0$"):
+            m.search("\udfff dinner?", "alice")
+        assert m.get_all("alice") == {"results": []}

@@ -116,6 +116,22 @@ def test_workdir_of_another_config_is_refused(tmp_path):
         job.run(other, tmp_path)
 
 
+def test_a_workdir_from_before_the_limits_block_resumes_and_the_limits_may_change(tmp_path):
+    """config.limits (issue 31) is read by the chat and the Memory API only: a run's config.json written before
+    the block existed, or with other limits, is still the same run."""
+    config = tiny_demo()
+    config.mode = ("synthesize",)
+    old = json.loads(job.config_text(config))
+    del old["limits"]
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    job.validate(config, tmp_path)
+    config.limits.max_text_chars = 100
+    job.validate(config, tmp_path)
+    config.mode = ("synthesize", "warmup")
+    with pytest.raises(job.ConfigError, match=r"differs at \['mode'\]"):
+        job.validate(config, tmp_path)
+
+
 def _bad(**changes) -> ml_collections.ConfigDict:
     config = tiny_demo()
     for path, value in changes.items():
@@ -153,6 +169,7 @@ def _bad(**changes) -> ml_collections.ConfigDict:
     (dict(learner__divergence__action="ignore"), "config.learner: DivergenceConfig.action must be one of"),
     (dict(warmup__divergence__max_update_ratio=-1.0), "config.warmup: DivergenceConfig.max_update_ratio"),
     (dict(learner__users_in_flight=3), "LearnerConfig.users_in_flight must be a positive int dividing update_every"),
+    (dict(limits__max_text_chars=0), "config.limits: TextLimits.max_text_chars must be a positive int, got 0"),
 ])
 def test_config_errors_come_before_any_stage(tmp_path, monkeypatch, changes, message):
     for name in ("GEMINI_API_KEY", "GOOGLE_API_KEY"):

@@ -4,6 +4,12 @@ SQLite MemoryStore, optionally with an LLM that condenses saved turns and a trai
 Every call names its user, and every store call it makes is scoped to that user: another user's memory id behaves
 exactly like a missing one (None, False, [] or {"results": []}), so no call returns or changes another user's
 memory. Each `add` is a new session of the user's "api" episode (`MemoryStore.open_session`), so ids never collide.
+
+Every text argument (messages, ids, a query, a new text) is checked where it enters (`icml_jax.textcheck`): text
+that is not valid Unicode or is longer than `TextLimits.max_text_chars` is refused with one TextError naming the
+method, the argument and the offset, before anything is stored (no session is opened for a refused `add`).
+Search results carry the whole memory and an excerpt of its source turn (`TextLimits.source_excerpt_chars`;
+`get` returns the whole source).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from icml_jax.llm.types import LLMBackend
 from icml_jax.memory.fragment import Fragment, MemoryEvent, NewFragment
 from icml_jax.memory.store import MemoryStore
 from icml_jax.memory.writer import TurnToSave, save_turns
+from icml_jax.textcheck import TextError, TextLimits, check_text, excerpt
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +45,13 @@ def default_path() -> Path:
     return base / "icml_jax" / "memory.sqlite"
 
 
-def parse_messages(messages: str | Message | Sequence[Message]) -> list[tuple[str, str]]:
+def parse_messages(messages: str | bytes | Message | Sequence[Message], *,
+                   max_chars: int | None = None) -> list[tuple[str, str]]:
     """(role, content) of each message, as Mem0 takes them: a string (one user message), one {"role", "content"}
-    dict, or a list of them; TypeError naming the message that is none of those."""
-    if isinstance(messages, str):
-        return [("user", messages)]
+    dict, or a list of them; TypeError naming the message that is none of those, TextError naming the message
+    whose text is not valid Unicode (bytes: UTF-8) or longer than `max_chars`."""
+    if isinstance(messages, (str, bytes)):
+        return [("user", check_text(messages, "Memory.add", "messages", max_chars=max_chars))]
     if isinstance(messages, Mapping):
         messages = [messages]
     if not isinstance(messages, Sequence):
@@ -50,37 +59,41 @@ def parse_messages(messages: str | Message | Sequence[Message]) -> list[tuple[st
                         f"{type(messages).__name__}")
     out = []
     for i, m in enumerate(messages):
-        if not (isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+        if not (isinstance(m, Mapping) and isinstance(m.get("role"), (str, bytes))
+                and isinstance(m.get("content"), (str, bytes))):
             raise TypeError(f"Memory.add: messages[{i}] must be a dict with string 'role' and 'content', got {m!r}")
-        out.append((m["role"], m["content"]))
+        out.append((check_text(m["role"], "Memory.add", f"messages[{i}].role", max_chars=max_chars),
+                    check_text(m["content"], "Memory.add", f"messages[{i}].content", max_chars=max_chars)))
     return out
 
 
 def _require_user(user_id: Any, method: str) -> str:
-    """`user_id` when it is a non-empty string: every call must say whose memory it touches."""
+    """`user_id` when it is a non-empty string of valid text: every call must say whose memory it touches."""
     if not isinstance(user_id, str):
         raise TypeError(f"Memory.{method}: user_id is required (a non-empty string), got {user_id!r}")
-    if not user_id:
-        raise ValueError(f"Memory.{method}: user_id must be a non-empty string")
-    return user_id
+    return check_text(user_id, f"Memory.{method}", "user_id", nonempty=True)
 
 
 def _require_id(memory_id: Any, method: str) -> str:
+    """`memory_id` when it is a string of valid text (an unknown id then simply matches nothing)."""
     if not isinstance(memory_id, str):
         raise TypeError(f"Memory.{method}: memory_id must be a string (an id from add/get_all), got {memory_id!r}")
-    return memory_id
+    return check_text(memory_id, f"Memory.{method}", "memory_id")
 
 
-def _metadata_extra(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The fragment `extra` that carries `metadata` ({} without); TypeError unless a JSON-able mapping."""
+def _metadata_extra(metadata: Mapping[str, Any] | None, limits: TextLimits) -> dict[str, Any]:
+    """The fragment `extra` that carries `metadata` ({} without); TypeError unless a JSON-able mapping, TextError
+    when its JSON is longer than `limits.max_metadata_chars`."""
     if metadata is None:
         return {}
     if not isinstance(metadata, Mapping):
         raise TypeError(f"Memory.add: metadata must be a dict, got {type(metadata).__name__}")
     try:
-        json.dumps(dict(metadata), allow_nan=False)
+        as_json = json.dumps(dict(metadata), allow_nan=False)
     except (TypeError, ValueError) as e:
         raise TypeError(f"Memory.add: metadata must be JSON-serialisable ({e})") from e
+    check_text(as_json, "Memory.add", "metadata (as JSON)", max_chars=limits.max_metadata_chars,
+               limit_key="limits.max_metadata_chars")
     return {"metadata": dict(metadata)}
 
 
@@ -110,11 +123,12 @@ class Memory:
     that condenses each saved user message into a note and may mark older memories as out of date (without it,
     messages are stored verbatim); the caller keeps ownership of it. `workdir`: a trained run (as
     `python -m icml_jax.chat` loads it) whose Planner decides which messages to save and whose Trigger's pick
-    leads `search`; its own back end condenses unless `generator` is given.
+    leads `search`; its own back end condenses unless `generator` is given. `limits`: the size caps (None: the
+    run's `config.limits` with a `workdir`, else the TextLimits defaults).
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, generator: LLMBackend | None = None,
-                 workdir: str | os.PathLike[str] | None = None) -> None:
+                 workdir: str | os.PathLike[str] | None = None, limits: TextLimits | None = None) -> None:
         self.store = MemoryStore(default_path() if path is None else path)
         self.generator = generator
         self._model: Any = None
@@ -125,6 +139,9 @@ class Memory:
             except BaseException:
                 self.store.close()
                 raise
+        if limits is None:
+            limits = self._model.limits if self._model is not None else TextLimits()
+        self.limits = limits
 
     def _load_policy(self, workdir: str | os.PathLike[str]) -> None:
         """Loads the trained run (imported here: the memory package must not pull in the chat or the agents)."""
@@ -159,8 +176,8 @@ class Memory:
         trained Planner saves. {"results": [{"id", "memory", "event": "ADD"}, ...]}, plus {"event": "SUPERSEDE"}
         entries for older memories a new note made out of date. `metadata` is kept with each new memory."""
         user = _require_user(user_id, "add")
-        turns = parse_messages(messages)
-        extra = _metadata_extra(metadata)
+        turns = parse_messages(messages, max_chars=self.limits.max_text_chars)  # all checked before any write
+        extra = _metadata_extra(metadata, self.limits)
         wanted = [i for i, (role, text) in enumerate(turns) if role == "user" and text.strip()]
         if not wanted:
             return {"results": []}
@@ -204,7 +221,12 @@ class Memory:
         """Replace the text of `user_id`'s memory (its history keeps the old text); None when the user has none
         with that id."""
         user = _require_user(user_id, "update")
-        frag = self.store.update(user, _require_id(memory_id, "update"), text, by=API_BY)
+        memory_id = _require_id(memory_id, "update")
+        if isinstance(text, (str, bytes)):
+            text = check_text(text, "Memory.update", "text", max_chars=self.limits.max_text_chars)
+            if not text.strip():
+                raise TextError("Memory.update", "text", "must be a non-empty string (not only spaces)")
+        frag = self.store.update(user, memory_id, text, by=API_BY)
         return None if frag is None else {**memory_item(frag), "event": "UPDATE"}
 
     def delete(self, memory_id: str, *, user_id: str) -> bool:
@@ -229,10 +251,12 @@ class Memory:
 
     def search(self, query: str, user_id: str, *, limit: int = 5) -> dict[str, list[dict[str, Any]]]:
         """{"results": [...]}: up to `limit` of `user_id`'s current memories, best BM25 `score` first (zero: no
-        word in common); with a trained policy, the Trigger's pick comes first (with its `trigger_prob`)."""
+        word in common); with a trained policy, the Trigger's pick comes first (with its `trigger_prob`). Each
+        result's `source` is an excerpt of its source turn (`limits.source_excerpt_chars`; `get` has it whole)."""
         user = _require_user(user_id, "search")
-        if not isinstance(query, str):
+        if not isinstance(query, (str, bytes)):
             raise TypeError(f"Memory.search: query must be a string, got {type(query).__name__}")
+        query = check_text(query, "Memory.search", "query", max_chars=self.limits.max_text_chars)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"Memory.search: limit must be an int >= 0, got {limit!r}")
         scored = self.store.search(user, query)
@@ -243,7 +267,8 @@ class Memory:
                 at = next((i for i, (f, _) in enumerate(scored) if f.fragment_id == pick.fragment_id), None)
                 first = items.pop(at) if at is not None else {**memory_item(pick), "score": 0.0}
                 items.insert(0, {**first, "trigger_prob": trigger.prob})
-        return {"results": items[:limit]}
+        cap = self.limits.source_excerpt_chars
+        return {"results": [{**item, "source": excerpt(item["source"], cap)} for item in items[:limit]]}
 
     def history(self, memory_id: str, *, user_id: str) -> list[dict[str, Any]]:
         """Every change of `user_id`'s memory, oldest first ({"event": "ADD" | "UPDATE" | "SUPERSEDE", ...});

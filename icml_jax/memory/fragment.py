@@ -9,6 +9,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from icml_jax.textcheck import check_text
+
 FRAGMENT_FIELDS: tuple[str, ...] = (
     "fragment_id",
     "user_id",
@@ -110,14 +112,17 @@ def fragment_id_for(user_id: str, episode_id: str, session: int, turn: int) -> s
     return "m_" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:24]
 
 
-def validate_new(user_id: str, draft: NewFragment) -> None:
-    """Raise ValueError naming the field when a draft cannot be stored."""
+def validate_new(user_id: str, draft: NewFragment, where: str = "memory fragment") -> None:
+    """Raise ValueError naming the field when a draft cannot be stored (TextError, naming `where`, the field and
+    the offset, for text that is not valid Unicode)."""
     if not isinstance(user_id, str) or not user_id:
         raise ValueError(f"memory fragment: user_id must be a non-empty string, got {user_id!r}")
+    check_text(user_id, where, "user_id")
     for name in ("episode_id", "source_text", "text", "policy_version"):
         value = getattr(draft, name)
         if not isinstance(value, str):
             raise ValueError(f"memory fragment: {name} must be a string, got {type(value).__name__}")
+        check_text(value, where, name)
     if not draft.episode_id:
         raise ValueError("memory fragment: episode_id must be non-empty")
     if not draft.text.strip():
@@ -130,6 +135,8 @@ def validate_new(user_id: str, draft: NewFragment) -> None:
             raise ValueError(f"memory fragment: {name} must be an int, got {value!r}")
     if draft.decision_id is not None and not isinstance(draft.decision_id, str):
         raise ValueError(f"memory fragment: decision_id must be a string or None, got {draft.decision_id!r}")
+    if draft.decision_id is not None:
+        check_text(draft.decision_id, where, "decision_id")
     try:
         json.dumps(dict(draft.extra), allow_nan=False)
     except (TypeError, ValueError) as e:

@@ -39,6 +39,7 @@ from icml_jax.memory.fragment import (
     validate_new,
 )
 from icml_jax.memory.lexical import bm25_scores, rank
+from icml_jax.textcheck import check_text
 
 logger = logging.getLogger(__name__)
 
@@ -128,9 +129,18 @@ def _record_event(event: MemoryEvent) -> dict[str, Any]:
     return d
 
 
-def _check_user(user_id: str) -> None:
+def _check_user(user_id: str, op: str) -> None:
+    """ValueError unless `user_id` is a non-empty string; TextError (naming MemoryStore.`op`) unless valid text."""
     if not isinstance(user_id, str) or not user_id:
         raise ValueError(f"memory store: user_id must be a non-empty string, got {user_id!r}")
+    check_text(user_id, f"MemoryStore.{op}", "user_id")
+
+
+def _check_id(value: Any, op: str, argument: str = "fragment_id") -> None:
+    """TextError (naming MemoryStore.`op` and `argument`) when a string id is not valid text (SQLite cannot bind
+    it); other values are left to the query, which matches nothing."""
+    if isinstance(value, str):
+        check_text(value, f"MemoryStore.{op}", argument)
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -302,9 +312,11 @@ class MemoryStore:
         differently (e.g. a step replayed after a crash). An id that holds a different source turn means two
         writers shared a session (see `open_session`): that raises MemoryStoreError and stores nothing.
         """
-        _check_user(user_id)
-        for d in drafts:
-            validate_new(user_id, d)
+        _check_user(user_id, "append_many")
+        for i, d in enumerate(drafts):
+            validate_new(user_id, d, f"MemoryStore.append_many (drafts[{i}])")
+        if by is not None:
+            check_text(by, "MemoryStore.append_many", "by")
         out: list[Fragment] = []
         with self._tx("append") as conn:
             for d in drafts:
@@ -354,9 +366,10 @@ class MemoryStore:
         Atomic across processes (one BEGIN IMMEDIATE transaction), so two writers never get the same session;
         numbers start at 1 and are never handed out twice while the user exists (`delete_user` resets them).
         """
-        _check_user(user_id)
+        _check_user(user_id, "open_session")
         if not isinstance(episode_id, str) or not episode_id:
             raise ValueError(f"memory store: episode_id must be a non-empty string, got {episode_id!r}")
+        check_text(episode_id, "MemoryStore.open_session", "episode_id")
         with self._tx(f"open_session for {user_id!r}") as conn:
             (highest,) = conn.execute(
                 "SELECT MAX(s) FROM (SELECT MAX(session) AS s FROM sessions WHERE user_id = ? AND episode_id = ? "
@@ -386,9 +399,14 @@ class MemoryStore:
         superseded or `by_fragment_id` itself are skipped; returns the ids actually marked, in the order given.
         ValueError when `by_fragment_id` is not a fragment of `user_id`.
         """
-        _check_user(user_id)
+        _check_user(user_id, "supersede")
         if isinstance(fragment_ids, str):
             raise TypeError(f"memory store: fragment_ids must be a sequence of ids, not the string {fragment_ids!r}")
+        fragment_ids = list(fragment_ids)
+        for i, fid in enumerate(fragment_ids):
+            _check_id(fid, "supersede", f"fragment_ids[{i}]")
+        _check_id(by_fragment_id, "supersede", "by_fragment_id")
+        _check_id(by, "supersede", "by")
         marked: list[str] = []
         with self._tx(f"supersede by {by_fragment_id} for {user_id!r}") as conn:
             newer = conn.execute("SELECT 1 FROM fragments WHERE user_id = ? AND fragment_id = ?",
@@ -414,10 +432,13 @@ class MemoryStore:
     def update(self, user_id: str, fragment_id: str, text: str, *, by: str | None = None) -> Fragment | None:
         """Replace the note of `user_id`'s fragment (an "update" event keeps the old text); None when the user has
         no such fragment. The source turn (provenance) is unchanged; the same text again records nothing."""
-        _check_user(user_id)
+        _check_user(user_id, "update")
+        _check_id(fragment_id, "update")
+        _check_id(by, "update", "by")
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"memory store: the new text of {fragment_id!r} for {user_id!r} must be a non-empty "
                              f"string, got {text!r}")
+        check_text(text, "MemoryStore.update", "text")
         with self._tx(f"update of {fragment_id} for {user_id!r}") as conn:
             row = conn.execute(f"SELECT {_COLUMNS} FROM fragments WHERE user_id = ? AND fragment_id = ?",
                                (user_id, fragment_id)).fetchone()
@@ -435,7 +456,8 @@ class MemoryStore:
     def delete(self, user_id: str, fragment_id: str) -> bool:
         """Erase one fragment of `user_id` and its events (no copy stays in the files); False when the user has
         no such fragment. Fragments it superseded stay superseded."""
-        _check_user(user_id)
+        _check_user(user_id, "delete")
+        _check_id(fragment_id, "delete")
         with self._lock:
             with self._tx(f"delete of {fragment_id} for {user_id!r}") as conn:
                 conn.execute("DELETE FROM events WHERE user_id = ? AND fragment_id = ?", (user_id, fragment_id))
@@ -449,7 +471,7 @@ class MemoryStore:
     def delete_user(self, user_id: str) -> int:
         """Erase everything about `user_id` (fragments, events, session records; no copy stays in the files);
         returns how many fragments went."""
-        _check_user(user_id)
+        _check_user(user_id, "delete_user")
         with self._lock:
             with self._tx(f"delete_user {user_id!r}") as conn:
                 conn.execute("DELETE FROM sessions WHERE user_id = ?", (user_id,))
@@ -462,7 +484,8 @@ class MemoryStore:
 
     def get(self, user_id: str, fragment_id: str) -> Fragment | None:
         """The fragment if it belongs to `user_id`, else None (another user's id looks like a missing one)."""
-        _check_user(user_id)
+        _check_user(user_id, "get")
+        _check_id(fragment_id, "get")
         rows = self._query(
             f"SELECT {_COLUMNS} FROM fragments WHERE user_id = ? AND fragment_id = ?", (user_id, fragment_id)
         )
@@ -473,7 +496,8 @@ class MemoryStore:
     ) -> list[Fragment]:
         """All fragments of `user_id` ordered by creation, optionally filtered; `current_only`: without the
         superseded ones (the Trigger's memory M)."""
-        _check_user(user_id)
+        _check_user(user_id, "fragments")
+        _check_id(episode_id, "fragments", "episode_id")
         sql = f"SELECT {_COLUMNS} FROM fragments WHERE user_id = ?"
         params: list[Any] = [user_id]
         if current_only:
@@ -490,7 +514,7 @@ class MemoryStore:
 
     def count(self, user_id: str, *, current_only: bool = False) -> int:
         """How many fragments `user_id` has, superseded ones included unless `current_only`."""
-        _check_user(user_id)
+        _check_user(user_id, "count")
         current = " AND superseded_by IS NULL" if current_only else ""
         with self._lock:
             return int(self._conn.execute(f"SELECT COUNT(*) FROM fragments WHERE user_id = ?{current}",
@@ -532,13 +556,14 @@ class MemoryStore:
 
     def history(self, user_id: str, fragment_id: str) -> list[MemoryEvent]:
         """Every change of `user_id`'s fragment, oldest first; [] when the user has no such fragment."""
-        _check_user(user_id)
+        _check_user(user_id, "history")
+        _check_id(fragment_id, "history")
         return self._events(f"SELECT {_EVENT_COLUMNS} FROM events WHERE user_id = ? AND fragment_id = ? "
                             "ORDER BY seq", (user_id, fragment_id))
 
     def timeline(self, user_id: str) -> list[MemoryEvent]:
         """Every change of every fragment of `user_id`, in the order they happened."""
-        _check_user(user_id)
+        _check_user(user_id, "timeline")
         return self._events(f"SELECT {_EVENT_COLUMNS} FROM events WHERE user_id = ? ORDER BY seq", (user_id,))
 
     def user_ids(self) -> list[str]:
@@ -576,7 +601,7 @@ class MemoryStore:
         Events keep their order (renumbered after this store's own). Records of format "/1" import as current
         fragments with one "add" event derived from the record (their text never changed).
         """
-        _check_user(user_id)
+        _check_user(user_id, "import_jsonl")
         if hasattr(src, "read"):
             name, text = getattr(src, "name", "<stream>"), src.read()  # type: ignore[union-attr]
         else:
@@ -685,6 +710,9 @@ def _check_events(events: Any) -> list[dict[str, Any]]:
             raise ValueError(f"{what}: at must be a number")
         if not isinstance(e["text"], str) or not (e["by"] is None or isinstance(e["by"], str)):
             raise ValueError(f"{what}: text must be a string and by a string or null")
+        check_text(e["text"], what, "text")
+        if e["by"] is not None:
+            check_text(e["by"], what, "by")
         if not isinstance(e["detail"], dict):
             raise ValueError(f"{what}: detail must be a JSON object")
         out.append({"seq": e["seq"], "event": e["event"], "at": float(e["at"]), "text": e["text"], "by": e["by"],

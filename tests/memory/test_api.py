@@ -17,6 +17,7 @@ import icml_jax
 from icml_jax.llm import LLMResponse, OfflineBackend, TokenUsage
 from icml_jax.memory import Memory, MemoryStore
 from icml_jax.memory.api import API_EPISODE, default_path, parse_messages
+from icml_jax.textcheck import TextLimits
 
 
 @pytest.fixture
@@ -264,6 +265,7 @@ class _Agent:
 
 class _Model:
     speakers = ("Speaker 1", "Speaker 2")
+    limits = TextLimits()
 
     def __init__(self, workdir) -> None:
         self.workdir, self.closed, self.agents = Path(workdir), False, []
