@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from icml_jax.data.report import DataError
+from icml_jax.textcheck import TextError, check_text
 
 SCHEMA_VERSION = 1
 
@@ -256,10 +257,13 @@ def _check_keys(d: Any, required: set[str], optional: set[str], what: str) -> No
 
 
 def _str(x: Any, what: str) -> str:
-    """Returns ``x`` if it is a str, else raises SchemaError naming the field."""
+    """Returns ``x`` if it is a str of valid text, else raises SchemaError naming the field (and the offset)."""
     if not isinstance(x, str):
         raise SchemaError(f"{what} must be a string, got {type(x).__name__}")
-    return x
+    try:
+        return check_text(x, "episode", what)
+    except TextError as e:
+        raise SchemaError(str(e)) from None
 
 
 def _list(x: Any, what: str) -> Sequence[Any]:

@@ -10,6 +10,7 @@ from typing import Any
 from icml_jax.data.schema import Session, Turn, TurnRef
 from icml_jax.llm.prompts import SYNTH_ROLES
 from icml_jax.llm.types import LLMResponse
+from icml_jax.textcheck import TextError, check_text
 
 USER, ASSISTANT = SYNTH_ROLES
 
@@ -49,6 +50,14 @@ def _int(x: Any, what: str) -> int:
     return int(x)
 
 
+def _valid_text(value: str, what: str) -> None:
+    """MalformedOutput naming `what` and the offset when a written text is not valid Unicode (a lone surrogate)."""
+    try:
+        check_text(value, "written session", what)
+    except TextError as e:
+        raise MalformedOutput(str(e)) from None
+
+
 def parse_session(
     response: LLMResponse,
     *,
@@ -76,12 +85,15 @@ def parse_session(
             raise MalformedOutput(f"turns[{i}].speaker must be 'user' or 'assistant', got {speaker!r}")
         if not isinstance(text, str) or not text.strip():
             raise MalformedOutput(f"turns[{i}].text must be a non-empty string")
+        _valid_text(text, f"turns[{i}].text")
         out.append(Turn(user_speaker if role == USER else assistant_speaker, text.strip()))
     if not any(t.speaker == user_speaker for t in out):
         raise MalformedOutput("the session has no user turn")
     gap = obj.get(gap_key)
     if want_gap and (not isinstance(gap, str) or not gap.strip()):
         raise MalformedOutput(f"'{gap_key}' must be a non-empty string, got {gap!r}")
+    if want_gap:
+        _valid_text(gap, f"'{gap_key}'")
     return WrittenSession(Session(tuple(out)), gap.strip() if want_gap else None)
 
 

@@ -91,6 +91,10 @@ def test_empty_y_t_differs_from_unlabelled() -> None:
         (lambda d: d["sessions"][0]["turns"][0].update(text=3), "turn.text"),
         (lambda d: d["sessions"][0]["turns"][0].update(y_t=[[0]]), "y_t"),
         (lambda d: d["sessions"][0].update(gap_seconds="5 days"), "gap_seconds"),
+        # issue 31: text that is not valid Unicode (a JSON escape of a lone surrogate) names the field and offset
+        (lambda d: d["sessions"][0]["turns"][0].update(text="ok\ud800"), r"episode: turn.text holds a lone "
+                                                                          r"surrogate U\+D800 .* at character 2"),
+        (lambda d: d["sessions"][0]["turns"][0].update(speaker="\udcff"), r"turn.speaker is not valid UTF-8"),
     ],
 )
 def test_from_dict_rejects_bad_fields(mutate, message: str) -> None:

@@ -305,3 +305,41 @@ def test_cc_parser_keeps_every_utterance_property(tmp_path_factory: pytest.TempP
     assert [[(t.speaker, t.text) for t in s.turns] for s in ep.sessions] == [list(s) for s in sessions]
     assert [s.gap_text for s in ep.sessions] == rec["time_interval"]
     assert all(s.gap_seconds and s.gap_seconds > 0 for s in ep.sessions[1:])
+
+
+# --- issue 31: text that is not valid Unicode ------------------------------------------------------------------
+
+
+def test_a_lone_surrogate_in_a_record_is_malformed_naming_file_line_key_and_offset(tmp_path: Path,
+                                                                                   fixtures: Path) -> None:
+    """JSON can spell a lone surrogate ("\\udc80"); it used to reach the tokenizer. Now a malformed record (an error
+    or a counted skip) naming the file, the line, the key and the offset, whatever the source."""
+    rec = {"dialog": [{"id": "Speaker 1", "text": "hi"}, {"id": "Speaker 2", "text": "caf\udce9 au lait"}]}
+    f = tmp_path / "test.txt"
+    f.write_text(json.dumps({"dialog": [{"text": "fine"}]}) + "\n" + json.dumps(rec) + "\n")
+    assert "\\udce9" in f.read_text()  # the escape, as a file would hold it
+    with pytest.raises(MalformedRecordError, match=r"test\.txt, line 2: record: key 'text' in dialog\[1\] is not "
+                                                   r"valid UTF-8 \(byte 0xe9, or a lone surrogate U\+DCE9\) at "
+                                                   r"character 3"):
+        list(parse_msc_parlai(f))
+    report = ParseReport()
+    assert [e.episode_id for e in parse_msc_parlai(f, skip_malformed=True, report=report)] == ["msc-episode-0"]
+    assert report.num_malformed_skipped == 1
+
+    lines = (fixtures / "cc/test.jsonl").read_text().splitlines()
+    bad = json.loads(lines[0])
+    bad["second_session_dialogue"][1] = "x\ud800"
+    f = tmp_path / "test.jsonl"
+    f.write_text(json.dumps(bad) + "\n")
+    with pytest.raises(MalformedRecordError, match=r"line 1: record: second_session_dialogue\[1\] holds a lone "
+                                                   r"surrogate U\+D800 \(not valid Unicode text\) at character 1"):
+        list(parse_cc(f))
+
+    data = json.loads((fixtures / "gapchat/test/4_session.json").read_text())
+    data[0]["sessions"][1][0]["text"] = "\udfff"
+    f = tmp_path / "test" / "4_session.json"
+    f.parent.mkdir()
+    f.write_text(json.dumps(data))
+    with pytest.raises(MalformedRecordError, match=r"record 0: record: key 'text' in sessions\[1\]\[0\] holds a "
+                                                   r"lone surrogate U\+DFFF"):
+        list(parse_gapchat(f))

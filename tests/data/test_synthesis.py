@@ -268,6 +268,11 @@ def test_parsers_reject_unusable_answers():
         json.dumps({"gap_to_next": "1 day", "turns": [{"speaker": "assistant", "text": "x"}]}): "no user turn",
         json.dumps({"turns": [{"speaker": "user", "text": "x"}]}): "gap_to_next",
         json.dumps({"gap_to_next": "1 day", "turns": [{"speaker": "user", "text": "x"}] * 5}): "more than max",
+        # issue 31: a lone surrogate (a JSON escape in the answer) is a malformed answer, not a later crash
+        json.dumps({"gap_to_next": "1 day", "turns": [{"speaker": "user", "text": "a\ud800"}]}):
+            r"written session: turns\[0\].text holds a lone surrogate U\+D800 .* at character 1",
+        json.dumps({"gap_to_next": "\udc80", "turns": [{"speaker": "user", "text": "x"}]}):
+            r"written session: 'gap_to_next' is not valid UTF-8",
     }
     for text, why in bad.items():
         with pytest.raises(MalformedOutput, match=why):

@@ -11,6 +11,7 @@ from typing import Any
 
 from icml_jax.data.report import MalformedFileError, MissingSourceFileError, ParseReport
 from icml_jax.data.schema import Session, Turn
+from icml_jax.textcheck import TextError, check_text
 
 
 class BadRecord(Exception):
@@ -179,8 +180,18 @@ def assemble_sessions(raw: list[RawSession], report: ParseReport) -> tuple[Sessi
     return tuple(out)
 
 
+def record_text(value: str, what: str) -> str:
+    """``value`` when it is valid Unicode text (no lone surrogate, e.g. a JSON escape "\\udc80"); BadRecord naming
+    ``what`` and the offset otherwise (the caller adds the file and line)."""
+    try:
+        return check_text(value, "record", what)
+    except TextError as e:
+        raise BadRecord(str(e)) from None
+
+
 def need(rec: Any, key: str, kind: type | tuple[type, ...], what: str = "") -> Any:
-    """Returns rec[key] checked against ``kind``; raises BadRecord naming the key otherwise."""
+    """Returns rec[key] checked against ``kind`` (a string also as valid text); raises BadRecord naming the key
+    otherwise."""
     if not isinstance(rec, dict):
         raise BadRecord(f"expected a JSON object{what}, got {type(rec).__name__}")
     if key not in rec:
@@ -189,11 +200,13 @@ def need(rec: Any, key: str, kind: type | tuple[type, ...], what: str = "") -> A
     if not isinstance(val, kind):
         names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
         raise BadRecord(f"key {key!r}{what} must be {names}, got {type(val).__name__}")
-    return val
+    return record_text(val, f"key {key!r}{what}") if isinstance(val, str) else val
 
 
 def str_list(val: Any, what: str) -> list[str]:
-    """Checks that ``val`` is a list of strings; raises BadRecord naming ``what`` otherwise."""
+    """Checks that ``val`` is a list of strings of valid text; raises BadRecord naming ``what`` otherwise."""
     if not isinstance(val, list) or not all(isinstance(x, str) for x in val):
         raise BadRecord(f"{what} must be a list of strings")
+    for i, x in enumerate(val):
+        record_text(x, f"{what}[{i}]")
     return val

@@ -21,6 +21,7 @@ from icml_jax.data.sources._common import (
     assemble_sessions,
     iter_json_records,
     need,
+    record_text,
     require_file,
     str_list,
 )
@@ -119,6 +120,8 @@ def cc_record_to_episode(
     relationship = rec.get("relationship")
     if relationship is not None and not isinstance(relationship, str):
         raise BadRecord("key 'relationship' must be a string")
+    if relationship is not None:
+        record_text(relationship, "key 'relationship'")
 
     meta: dict[str, Any] = dict(source or {})
     extra = {k: v for k, v in rec.items() if k not in _KNOWN_KEYS}

@@ -22,7 +22,15 @@ from typing import Any
 from icml_jax.data import timegap
 from icml_jax.data.report import ParseReport
 from icml_jax.data.schema import Episode, Turn
-from icml_jax.data.sources._common import BadRecord, RawSession, assemble_sessions, load_json_list, need, require_file
+from icml_jax.data.sources._common import (
+    BadRecord,
+    RawSession,
+    assemble_sessions,
+    load_json_list,
+    need,
+    record_text,
+    require_file,
+)
 
 DATASET = "gapchat"
 GITHUB_URL = "https://github.com/QZx7/MindTheTime, folder mtt/chat/data/gap_chat/ (MIT)"
@@ -95,6 +103,8 @@ def gapchat_record_to_episode(
     n = len(sessions)
     if len(gaps) != 2 * max(n - 1, 0) or not all(isinstance(g, str) for g in gaps):
         raise BadRecord(f"'gap' must hold 2*(sessions-1) = {2 * max(n - 1, 0)} strings, got {len(gaps)}")
+    for i, g in enumerate(gaps):
+        record_text(g, f"'gap'[{i}]")
     subsequent = rec.get("subsequent")
     if subsequent is not None:
         if not isinstance(subsequent, dict):

@@ -23,6 +23,7 @@ from icml_jax.data.sources._common import (
     assemble_sessions,
     iter_json_records,
     need,
+    record_text,
     require_file,
     str_list,
 )
@@ -76,6 +77,8 @@ def _dialog_turns(dialog: Any, what: str, report: ParseReport) -> list[Turn]:
             report.inferred_speakers += 1
         elif not isinstance(speaker, str):
             raise BadRecord(f"{what}[{i}].id must be a string")
+        else:
+            speaker = record_text(speaker, f"{what}[{i}].id")
         turns.append(Turn(speaker=speaker, text=text))
     return turns
 
