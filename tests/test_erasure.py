@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from icml_jax import erasure
 from icml_jax.memory import MemoryStore, NewFragment
@@ -91,3 +92,73 @@ def test_forget_one_memory_everywhere(tmp_path, capsys):
     assert dave["memory"] is None  # the forgotten memory's text is gone from the evaluation rows
     assert "Likes tea." not in (tmp_path / "checkpoints" / "4" / "state" / "metadata").read_text()
     assert erasure.main(["--workdir", str(tmp_path / "nope"), "--user", "dave"]) == 2
+
+
+# -- issue 31: an erasure does what it says, and says what it did ---------------------------------------------
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_an_empty_memory_id_is_an_error_and_removes_nothing(tmp_path, capsys):
+    """`--memory_id=` erased the whole user (`if args.memory_id` let "" fall through to forget_user)."""
+    _workdir(tmp_path)
+    before = _snapshot(tmp_path)
+    assert erasure.main(["--workdir", str(tmp_path), "--user", "carol", "--memory_id="]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("erasure error: forget: fragment_id must name a memory")
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("user, memory_id", [("dave", "m_doesnotexist"), ("dave", "carol_chat")])
+def test_an_id_that_matches_nothing_says_so_exits_1_and_changes_nothing(tmp_path, capsys, user, memory_id):
+    """An unknown id, or another user's, printed `erased memory ...: 0 ... removed, 1 file(s) rewritten` and
+    exited 0 (dropping the caches on the way)."""
+    ids = _workdir(tmp_path)
+    memory_id = ids.get(memory_id, memory_id)
+    before = _snapshot(tmp_path)
+    assert erasure.main(["--workdir", str(tmp_path), "--user", user, "--memory_id", memory_id]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines()[0] == (
+        f"found no record of memory {memory_id} of {user!r} in 1 memory store(s), 2 checkpoint(s), 1 evaluation "
+        "file(s): nothing was changed")
+    assert _snapshot(tmp_path) == before
+
+
+def test_the_report_counts_what_was_removed_where(tmp_path):
+    """Cutting a user out of checkpoints printed `0 stored memory record(s) removed`: now each place is counted."""
+    ids = _workdir(tmp_path)
+    one = erasure.forget(tmp_path, "dave", ids["dave_tea"])
+    assert (one.found, one.memories_removed, one.checkpoint_memories_removed, one.pending_removed,
+            one.checkpoints_rewritten, one.eval_rows_removed, one.eval_rows_blanked, one.caches_dropped,
+            one.unrestorable_dropped) == (True, 0, 2, 2, 2, 0, 1, 2, 1)
+    assert one.summary().splitlines()[0] == (
+        f"erased memory {ids['dave_tea']} of 'dave': 0 stored memory record(s) removed from memory stores; 2 memory "
+        "record(s) and 2 pending reward(s) cut from 2 checkpoint(s); 0 evaluation row(s) removed, 1 blanked; 2 "
+        "answer cache(s) and 1 unrestorable checkpoint folder(s) dropped")
+    everything = erasure.forget_user(tmp_path, "carol")  # 2 memories (one superseded) in each of 2 checkpoints
+    assert (everything.memories_removed, everything.checkpoint_memories_removed, everything.pending_removed,
+            everything.checkpoints_rewritten, everything.eval_rows_removed) == (1, 4, 2, 2, 1)
+    assert str(tmp_path / erasure.CHAT_DB) in everything.rewritten
+
+
+def test_a_user_with_no_record_exits_1_and_the_unsearchable_caches_still_go(tmp_path, capsys):
+    ids = _workdir(tmp_path)
+    assert erasure.main(["--workdir", str(tmp_path), "--user", "nobody"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == (
+        "found no record of 'nobody' in 1 memory store(s), 2 checkpoint(s), 1 evaluation file(s); 2 answer cache(s) "
+        "and 1 unrestorable checkpoint folder(s), which cannot be searched, were dropped all the same")
+    with MemoryStore(tmp_path / erasure.CHAT_DB) as chat:
+        assert chat.get("dave", ids["dave_chat"]) is not None and chat.count("carol") == 1
+
+
+def test_an_id_that_is_not_valid_text_is_one_error_line(tmp_path, capsys):
+    _workdir(tmp_path)
+    before = _snapshot(tmp_path)
+    assert erasure.main(["--workdir", str(tmp_path), "--user", "car\udcffol"]) == 2  # argv's surrogate escape
+    assert capsys.readouterr().err.startswith("erasure error: erasure: user_id is not valid UTF-8 (byte 0xff")
+    assert erasure.main(["--workdir", str(tmp_path), "--user", "carol", "--memory_id", "m_\ud800"]) == 2
+    assert "memory_id holds a lone surrogate U+D800" in capsys.readouterr().err
+    assert _snapshot(tmp_path) == before
