@@ -3,8 +3,10 @@
 Supersede (`supersede` > 0): the condense request also shows the user's most similar current memories, numbered;
 the writer may end its note with a line `REPLACES: 2, 3` naming the ones the new turn makes outdated ("I moved to
 Berlin" replaces "lives in Paris"). Only numbers of memories shown in that request count (a note cannot name any
-other memory, whatever the turn's text says); those memories stay in the store with `superseded_by` / `valid_to`
-and leave the Trigger's candidates. The offline back end answers from the turn's label (`label['supersedes']`,
+other memory, whatever the turn's text says), and the memories shown are that user's own (`MemoryStore.top_k` is
+scoped to the user): a turn may retire its user's shown memories by asking, in any words, which is the user's own
+business, but never another user's or an unshown one. Those memories stay in the store with `superseded_by` /
+`valid_to` and leave the Trigger's candidates. The offline back end answers from the turn's label (`label['supersedes']`,
 the persona world's overwritten fact) and the shown memories' labels.
 """
 
