@@ -154,13 +154,13 @@ class TurnInput:
 
 
 def _pad_batch(arrays: tuple[np.ndarray, ...], keys: np.ndarray) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
-    """Pads a decision batch (and its raw key data) to a power-of-two row count by repeating its first row, so
-    batched play compiles one program per row bucket, not per number of users still playing; extra rows are
-    ignored."""
+    """Pads a decision batch (and its raw key data) to the power of two at or above its row count (1, 2, 4, ...)
+    by repeating its first row, so batched play compiles one program per row bucket, not per number of users
+    still playing, and a single user's decision runs one row; extra rows are ignored."""
     n = arrays[0].shape[0]
     if keys.shape[0] != n:
         raise ValueError(f"need one key per decision: {n} decision(s), keys of shape {keys.shape}")
-    extra = bucket(n) - n
+    extra = bucket(n, 1) - n
     if not extra:
         return arrays, keys
     pad = lambda a: np.concatenate([a, np.repeat(a[:1], extra, axis=0)])  # noqa: E731

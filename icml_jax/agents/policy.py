@@ -36,14 +36,21 @@ CRITIC_HEADS = ("planner_critic", "trigger_critic")  # value heads: the critic l
 
 
 class ScalarHead(nnx.Module):
-    """A zero-initialised affine map [..., H] -> [..., 1] on backbone features, trained with the adapters."""
+    """A zero-initialised affine map [..., H] -> [..., 1] on backbone features, trained with the adapters.
 
-    def __init__(self, features: int):
+    `use_bias=False` (the Trigger's actor) keeps the bias parameter, so saved policies and checkpoints keep their
+    layout, but never adds it: one constant on every option's score cannot change a softmax, so its gradient is
+    zero up to rounding, which Adam would turn into steps of +-lr that depend on the batch's shapes.
+    """
+
+    def __init__(self, features: int, *, use_bias: bool = True):
+        self.use_bias = use_bias
         self.kernel = TrainableParam(jnp.zeros((features, 1), jnp.float32))
         self.bias = TrainableParam(jnp.zeros((1,), jnp.float32))
 
     def __call__(self, h: Array) -> Array:
-        return h @ self.kernel[...] + self.bias[...]
+        out = h @ self.kernel[...]
+        return out + self.bias[...] if self.use_bias else out
 
 
 class MatchHead(nnx.Module):
@@ -94,7 +101,7 @@ class MemoryPolicies(nnx.Module):
         # zero init: uniform policies and zero values at the start
         self.planner_actor = ScalarHead(planner_h)
         self.planner_critic = ScalarHead(planner_h)
-        self.trigger_actor = ScalarHead(trigger_h)
+        self.trigger_actor = ScalarHead(trigger_h, use_bias=False)  # shift-invariant softmax: no bias
         self.trigger_critic = ScalarHead(trigger_h)
         self.trigger_match = MatchHead(trigger_h, match_rank, rngs) if match_rank else None
 

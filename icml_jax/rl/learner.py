@@ -280,7 +280,7 @@ def decision_keys(key: jax.Array, where: np.ndarray) -> tuple[np.ndarray, np.nda
     session, turn): each draw depends on the run's key and its place only, not on which other users share its
     batch or process. One compiled program per power-of-two N."""
     n = len(where)
-    padded = np.zeros((bucket(max(n, 1)), 3), np.int32)
+    padded = np.zeros((bucket(n, 1), 3), np.int32)
     padded[:n] = where
     pairs = np.asarray(_decision_keys(key, padded))[:n]
     return pairs[:, 0], pairs[:, 1]

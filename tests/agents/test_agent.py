@@ -191,3 +191,28 @@ def test_a_save_that_overwrites_a_fact_supersedes_it_and_the_receipt_says_so(pol
     assert store.get("alice", old.fragment_id).superseded_by == receipt.fragment.fragment_id
     decision, _ = agent.choose_memory("alice", "am I vegetarian", episode_id="e1", session=2, turn=0)
     assert decision.candidate_ids == (receipt.fragment.fragment_id,)
+
+
+def test_a_single_users_decisions_run_one_row_and_batches_pad_to_the_next_power_of_two(policies, tokenizer,
+                                                                                         monkeypatch):
+    """Decision batches are padded to the power of two of their real row count (1, 2, 4, ...), not beyond: a chat
+    turn scores exactly one Trigger row and one Planner row."""
+    import icml_jax.agents.agent as agent_module
+    from icml_jax.agents.agent import TurnInput
+
+    rows = {"trigger": [], "planner": []}
+    for name in rows:
+        act = getattr(agent_module, f"{name}_act")
+
+        def recording(graphdef, state, tokens, *rest, _act=act, _name=name, **kw):
+            rows[_name].append(tokens.shape[0])
+            return _act(graphdef, state, tokens, *rest, **kw)
+
+        monkeypatch.setattr(agent_module, f"{name}_act", recording)
+    store = MemoryStore()
+    store.append_many("alice", [NewFragment("e0", 0, 0, "i like my dog", "i like my dog", "0")])
+    agent = MemoryAgent(policies, tokenizer, store, OfflineBackend(), config=CFG, seed=0)
+    agent.step("alice", "what about my dog", episode_id="e1")
+    assert rows == {"trigger": [1], "planner": [1]}
+    agent.step_many([TurnInput(u, "hello there", episode_id="e2") for u in ("a", "b", "c")])
+    assert rows == {"trigger": [1, 4], "planner": [1, 4]}
