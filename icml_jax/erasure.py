@@ -41,6 +41,7 @@ class ErasureReport:
     rewritten: list[str] = dataclasses.field(default_factory=list)
     dropped: list[str] = dataclasses.field(default_factory=list)
     memories_removed: int = 0  # memory rows deleted from the chat's (and the other given) SQLite stores
+    sessions_removed: int = 0  # session records of the user deleted from those stores (whole-user erasure)
     checkpoint_memories_removed: int = 0  # memory records cut out of checkpoints' memory exports (all checkpoints)
     pending_removed: int = 0  # pending-reward entries cut out of checkpoints
     checkpoints_rewritten: int = 0
@@ -54,8 +55,8 @@ class ErasureReport:
     @property
     def found(self) -> bool:
         """Whether any record of the user (or of the memory) was found and removed."""
-        return bool(self.memories_removed or self.checkpoint_memories_removed or self.pending_removed
-                    or self.eval_rows_removed or self.eval_rows_blanked)
+        return bool(self.memories_removed or self.sessions_removed or self.checkpoint_memories_removed
+                    or self.pending_removed or self.eval_rows_removed or self.eval_rows_blanked)
 
     def _what(self) -> str:
         return f"memory {self.fragment_id} of {self.user_id!r}" if self.fragment_id else repr(self.user_id)
@@ -70,14 +71,14 @@ class ErasureReport:
                      "dropped all the same"]
         else:
             what = f"memory {self.fragment_id} of" if self.fragment_id else "everything about"
-            lines = [f"erased {what} {self.user_id!r}: {self.memories_removed} stored memory record(s) removed from "
-                     f"memory stores; {self.checkpoint_memories_removed} memory record(s) and {self.pending_removed} "
-                     f"pending reward(s) cut from {self.checkpoints_rewritten} checkpoint(s); "
-                     f"{self.eval_rows_removed} evaluation row(s) removed, {self.eval_rows_blanked} blanked; "
-                     f"{self.caches_dropped} answer cache(s) and {self.unrestorable_dropped} unrestorable "
-                     f"checkpoint folder(s) dropped"]
+            lines = [f"erased {what} {self.user_id!r}: memory stores {self.memories_removed} memory row(s), "
+                     f"{self.sessions_removed} session record(s); checkpoints {self.checkpoint_memories_removed} "
+                     f"memory record(s), {self.pending_removed} pending reward(s) in {self.checkpoints_rewritten} "
+                     f"file(s); evaluation {self.eval_rows_removed} row(s) removed, {self.eval_rows_blanked} blanked; "
+                     f"dropped {self.caches_dropped} answer cache(s), {self.unrestorable_dropped} unrestorable "
+                     f"checkpoint folder(s)"]
         lines += [f"  rewritten: {p}" for p in self.rewritten] + [f"  dropped: {p}" for p in self.dropped]
-        lines += [f"  not reached: {p}" for p in self.not_reached]
+        lines += [f"  not reached: {p}" for p in self.not_reached if self.found or self.dropped]
         return "\n".join(lines)
 
 
@@ -116,9 +117,11 @@ def _erase(root: Path, user_id: str, fragment_id: str | None,
     report.searched.append(f"{len(stores)} memory store(s)")
     for db in stores:
         with MemoryStore(db) as store:
+            sessions = 0 if fragment_id else store.session_count(user_id)
             removed = int(store.delete(user_id, fragment_id)) if fragment_id else store.delete_user(user_id)
         report.memories_removed += removed
-        if removed:
+        report.sessions_removed += sessions
+        if removed or sessions:
             report.rewritten.append(str(db))
     checkpoints = root / "checkpoints"
     state_files = sorted(checkpoints.glob("*/state/metadata")) if checkpoints.is_dir() else []

@@ -134,13 +134,26 @@ def test_the_report_counts_what_was_removed_where(tmp_path):
             one.checkpoints_rewritten, one.eval_rows_removed, one.eval_rows_blanked, one.caches_dropped,
             one.unrestorable_dropped) == (True, 0, 2, 2, 2, 0, 1, 2, 1)
     assert one.summary().splitlines()[0] == (
-        f"erased memory {ids['dave_tea']} of 'dave': 0 stored memory record(s) removed from memory stores; 2 memory "
-        "record(s) and 2 pending reward(s) cut from 2 checkpoint(s); 0 evaluation row(s) removed, 1 blanked; 2 "
-        "answer cache(s) and 1 unrestorable checkpoint folder(s) dropped")
+        f"erased memory {ids['dave_tea']} of 'dave': memory stores 0 memory row(s), 0 session record(s); checkpoints "
+        "2 memory record(s), 2 pending reward(s) in 2 file(s); evaluation 0 row(s) removed, 1 blanked; dropped 2 "
+        "answer cache(s), 1 unrestorable checkpoint folder(s)")
+    with MemoryStore(tmp_path / erasure.CHAT_DB) as chat:
+        chat.open_session("carol", "chat")  # a chat that saved nothing still recorded its session
     everything = erasure.forget_user(tmp_path, "carol")  # 2 memories (one superseded) in each of 2 checkpoints
-    assert (everything.memories_removed, everything.checkpoint_memories_removed, everything.pending_removed,
-            everything.checkpoints_rewritten, everything.eval_rows_removed) == (1, 4, 2, 2, 1)
+    assert (everything.memories_removed, everything.sessions_removed, everything.checkpoint_memories_removed,
+            everything.pending_removed, everything.checkpoints_rewritten, everything.eval_rows_removed) == (
+        1, 1, 4, 2, 2, 1)
     assert str(tmp_path / erasure.CHAT_DB) in everything.rewritten
+
+
+def test_a_user_whose_only_record_is_a_chat_session_is_found_and_erased(tmp_path):
+    _workdir(tmp_path)
+    with MemoryStore(tmp_path / erasure.CHAT_DB) as chat:
+        chat.open_session("erin", "chat")
+    report = erasure.forget_user(tmp_path, "erin")
+    assert report.found and (report.memories_removed, report.sessions_removed) == (0, 1)
+    with MemoryStore(tmp_path / erasure.CHAT_DB) as chat:
+        assert chat.session_count("erin") == 0 and chat.open_session("erin", "chat") == 1
 
 
 def test_a_user_with_no_record_exits_1_and_the_unsearchable_caches_still_go(tmp_path, capsys):

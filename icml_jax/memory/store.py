@@ -520,6 +520,12 @@ class MemoryStore:
             return int(self._conn.execute(f"SELECT COUNT(*) FROM fragments WHERE user_id = ?{current}",
                                           (user_id,)).fetchone()[0])
 
+    def session_count(self, user_id: str) -> int:
+        """How many sessions are recorded for `user_id` (`open_session`'s records, kept until `delete_user`)."""
+        _check_user(user_id, "session_count")
+        with self._lock:
+            return int(self._conn.execute("SELECT COUNT(*) FROM sessions WHERE user_id = ?", (user_id,)).fetchone()[0])
+
     def top_k(self, user_id: str, query: str, k: int) -> list[Fragment]:
         """Up to k of `user_id`'s current fragments most lexically relevant to `query` (BM25 over note + source).
 

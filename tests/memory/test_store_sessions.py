@@ -79,6 +79,16 @@ def test_delete_user_erases_session_records_too(tmp_path):
         assert store.open_session("alice", "chat") == 1  # nothing of alice is left to count from
 
 
+def test_session_count_counts_a_users_recorded_sessions_only(tmp_path):
+    """Issue 31: erasure counts the session records it removes (a chat that saved nothing leaves one)."""
+    with MemoryStore(tmp_path / "m.db") as store:
+        assert store.session_count("alice") == 0
+        store.open_session("alice", "chat"), store.open_session("alice", "api"), store.open_session("bob", "chat")
+        assert (store.session_count("alice"), store.session_count("bob")) == (2, 1)
+        store.delete_user("alice")
+        assert (store.session_count("alice"), store.session_count("bob")) == (0, 1)
+
+
 def test_a_version_1_database_opens_keeps_its_rows_and_gets_sessions(tmp_path):
     path = tmp_path / "v1.db"
     raw = sqlite3.connect(path)
