@@ -308,6 +308,7 @@ class _Overlong:
 
 
 def _too_long(chars: int, limit: int) -> str:
+    """The chat's one line for a line over `limits.max_text_chars` (nothing of it is stored)."""
     return (f"error: line of {chars} characters is over the limit of {limit} (config limits.max_text_chars); "
             "turn ignored")
 
