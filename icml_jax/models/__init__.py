@@ -1,7 +1,9 @@
-"""Backbones: one NNX decoder for Llama-3.x / Qwen3 / Gemma3, HF loading, tokenizers and generation."""
+"""Backbones: one NNX decoder for Llama-3.x / Qwen3 / Gemma3, HF loading, tokenizers and generation; a BERT sentence
+encoder (`encoder`)."""
 
 from icml_jax.models.config import ModelConfig, ModelConfigError, RopeConfig
 from icml_jax.models.decoder import Decoder, KVCache, Output, init_cache
+from icml_jax.models.encoder import SentenceEncoder, load_sentence_encoder
 from icml_jax.models.loading import abstract_model, from_pretrained
 from icml_jax.models.presets import PRESETS, preset
 from icml_jax.models.safetensors_io import CheckpointError, CheckpointNotFoundError
@@ -20,12 +22,14 @@ __all__ = [
     "Output",
     "RopeConfig",
     "SamplingConfig",
+    "SentenceEncoder",
     "abstract_model",
     "apply_chat_template",
     "from_pretrained",
     "generate",
     "generate_tokens",
     "init_cache",
+    "load_sentence_encoder",
     "load_tokenizer",
     "preset",
 ]
