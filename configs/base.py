@@ -119,8 +119,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.baselines = ml_collections.ConfigDict(dict(  # icml_jax.baselines (Table 1's other systems); written out
         # here because configs never import that package: tests/baselines checks it equals baselines.DEFAULTS
         top_k=3,  # memories a retrieval baseline puts in the reply prompt (dense, memorybank, mem0)
-        encoder_model=placeholder(str),  # local HF decoder dir whose mean-pooled hidden states embed texts;
-        # None: config.model.path (model.kind "tiny": a random tiny decoder, a stand-in for tests)
+        encoder_model=placeholder(str),  # local dir that embeds texts: a BERT sentence encoder (e.g. all-MiniLM-L6-v2,
+        # `python -m icml_jax.models.fetch all-minilm-l6-v2`) or a HF decoder whose mean-pooled hidden states are
+        # used; None: config.model.path (model.kind "tiny": a random tiny decoder, a stand-in for tests)
         encoder_max_length=128,  # tokens of a text the encoder reads
         long_context_tokens=placeholder(int),  # long_context's memory budget; None: backbone context - reply - prompt
         long_context_margin=32,  # tokens long_context keeps free for the chat template

@@ -28,7 +28,8 @@ Ref = tuple[str, int, int]  # (episode id, session, turn) of a source turn
 # this package; tests/baselines checks the two agree).
 DEFAULTS: dict[str, Any] = {
     "top_k": 3,  # memories a retrieval baseline puts in the reply prompt (dense, memorybank, mem0)
-    "encoder_model": None,  # local HF decoder dir of the dense encoder; None: config.model.path (tiny: random)
+    "encoder_model": None,  # local dir of the dense encoder: a BERT sentence encoder (e.g. all-minilm-l6-v2) or a
+    # HF decoder (mean-pooled states); None: config.model.path (tiny: random)
     "encoder_max_length": 128,  # tokens of a text the encoder reads (the first ones)
     "long_context_tokens": None,  # memory-block budget of long_context; None: from the backbone's context
     "long_context_margin": 32,  # tokens kept free besides the reply and the rest of the prompt (chat template)

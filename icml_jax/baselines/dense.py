@@ -4,11 +4,13 @@ embeddings, with no learning and no threshold: the standard retrieval-augmented 
 
 Stored text: the generator's memory note of the turn (its condense call via `icml_jax.memory.writer.save_turns`,
 the same note our Planner's saves get), not the raw turn, so dense and ours read identical memories and differ
-only in which are kept and which are shown; the note is what is embedded and shown. Embeddings come from a
-local decoder (`encoder.MeanPoolEncoder`: mean-pooled final hidden states of `baselines.encoder_model`, else
-`config.model.path`); with `model.kind == "tiny"` a random tiny decoder stands in (random features, for tests
-and the demo: its ranking is not semantic). Simplified: no trained sentence encoder (the paper's retriever is
-not specified beyond dense similarity), a plain top-k without re-ranking.
+only in which are kept and which are shown; the note is what is embedded and shown. Embeddings come from
+`baselines.encoder_model`: a BERT sentence encoder directory (`icml_jax.models.encoder.SentenceEncoder`, e.g.
+all-MiniLM-L6-v2 fetched with `python -m icml_jax.models.fetch all-minilm-l6-v2`), or a decoder
+(`encoder.MeanPoolEncoder`: mean-pooled final hidden states), by default the backbone at `config.model.path`;
+with `model.kind == "tiny"` a random tiny decoder stands in (random features, for tests and the demo: its
+ranking is not semantic). Simplified: the paper's retriever is not specified beyond dense similarity, so the
+encoder is the user's choice; a plain top-k without re-ranking.
 """
 
 from __future__ import annotations

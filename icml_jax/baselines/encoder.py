@@ -1,9 +1,12 @@
-"""Text embeddings from a local decoder, and the relevance scores the retrieval baselines rank memories by.
+"""Text embeddings from a local model, and the relevance scores the retrieval baselines rank memories by.
 
 `MeanPoolEncoder` runs one of our Flax decoders (`icml_jax.models`) and mean-pools its final hidden states over
 each text's real tokens: a plain, untrained sentence embedding from whatever local checkpoint the user has
 (nothing is downloaded). Batches are padded to powers of two in rows and tokens, so it compiles once per
-(batch, length) bucket; the model state is passed to the jitted function, not closed over.
+(batch, length) bucket; the model state is passed to the jitted function, not closed over. A BERT directory
+(`config.json` of model_type "bert", e.g. all-MiniLM-L6-v2 from `python -m icml_jax.models.fetch all-minilm-l6-v2`)
+given as `baselines.encoder_model` gets the trained sentence encoder `icml_jax.models.encoder.SentenceEncoder`
+instead, which batches and compiles the same way.
 """
 
 from __future__ import annotations
@@ -82,24 +85,29 @@ def tiny_encoder(tokenizer, *, hidden: int, layers: int, seed: int, max_length: 
     return MeanPoolEncoder(model, tokenizer, max_length=max_length, label=f"random tiny decoder (seed {seed})")
 
 
-def encoder_from_config(config: Any, tokenizer, *, model_dir: str | None, max_length: int) -> MeanPoolEncoder:
+def encoder_from_config(config: Any, tokenizer, *, model_dir: str | None, max_length: int) -> Encoder:
     """The dense encoder of a run: `model_dir` (`baselines.encoder_model`), else `config.model.path`, loaded in
     `config.model.dtype`; with `config.model.kind == "tiny"` and no encoder dir, the random tiny decoder seeded
-    with `config.seed`."""
+    with `config.seed`. A BERT directory is a sentence encoder (its own tokenizer, pooling and normalisation,
+    `max_length` capped by its max_seq_length); any other is a decoder whose final states are mean-pooled."""
     import jax.numpy as jnp
 
-    from icml_jax.models import from_pretrained, load_tokenizer
+    from icml_jax.models import from_pretrained, load_sentence_encoder, load_tokenizer
+    from icml_jax.models.encoder import is_bert_directory
 
     path = model_dir or (None if config.model.kind == "tiny" else config.model.get("path"))
     if path is None:
         if config.model.kind != "tiny":
             raise ValueError("dense encoder: set config.baselines.encoder_model or config.model.path (a local "
-                             "Hugging Face decoder directory)")
+                             "Hugging Face decoder directory; encoder_model may also be a BERT sentence encoder's)")
         return tiny_encoder(tokenizer, hidden=int(config.model.hidden), layers=int(config.model.layers),
                             seed=int(config.seed), max_length=max_length)
     if not Path(path).is_dir():
         raise FileNotFoundError(f"dense encoder: model directory {path} does not exist (nothing is downloaded)")
-    model = from_pretrained(str(path), dtype=jnp.dtype(config.model.get("dtype") or "float32"))
+    dtype = jnp.dtype(config.model.get("dtype") or "float32")
+    if is_bert_directory(path):
+        return load_sentence_encoder(path, dtype=dtype, max_length=max_length)
+    model = from_pretrained(str(path), dtype=dtype)
     return MeanPoolEncoder(model, load_tokenizer(str(path)), max_length=max_length,
                            label=f"mean-pooled final hidden states of {Path(path).name}")
 

@@ -81,3 +81,23 @@ def test_encoder_from_config(tokenizer, tmp_path):
         encoder_from_config(config, tokenizer, model_dir=None, max_length=32)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         encoder_from_config(config, tokenizer, model_dir=str(tmp_path / "missing"), max_length=32)
+
+
+def test_encoder_from_config_reads_a_bert_directory(tokenizer, tmp_path):
+    """`baselines.encoder_model` naming a BERT directory (a tiny random one here, all-MiniLM-L6-v2 in practice)
+    gives the sentence encoder with its own tokenizer, pooling and normalisation, not a mean-pooled decoder."""
+    from icml_jax.models import SentenceEncoder, load_sentence_encoder
+    from tests.models import bert_fixtures
+
+    bert_fixtures.build(tmp_path / "bert", seed=4)  # max_seq_length 32, mean pooling + Normalize
+    config = ml_collections.ConfigDict({"seed": 7, "model": {"kind": "pretrained", "path": None,
+                                                             "dtype": "float32"}})
+    enc = encoder_from_config(config, tokenizer, model_dir=str(tmp_path / "bert"), max_length=128)
+    assert isinstance(enc, SentenceEncoder) and enc.dim == 64 and enc.max_length == 32
+    assert enc.label == "bert (BERT, mean + L2 norm pooling)"
+    texts = ["i like my dog", "we went to the park on sunday", "hello"]
+    direct = load_sentence_encoder(tmp_path / "bert")
+    np.testing.assert_allclose(enc(texts), direct(texts), atol=1e-6)
+    scores = DenseRelevance(enc).scores(["i like my dog"], texts)
+    assert scores.shape == (1, 3) and abs(scores[0, 0] - 1.0) < 1e-5 and (np.abs(scores) <= 1 + 1e-5).all()
+    assert encoder_from_config(config, tokenizer, model_dir=str(tmp_path / "bert"), max_length=8).max_length == 8
