@@ -28,7 +28,7 @@ class ModelConfigError(ValueError):
 _REQUIRED = object()
 
 
-class _Keys:
+class ConfigKeys:
     """Checked reads of one HF config dict; errors name the source file, the key (with its path) and the value."""
 
     def __init__(self, hf: dict[str, Any], source: str, prefix: str = ""):
@@ -65,14 +65,14 @@ class _Keys:
             raise self.error(key, value, "must be a finite positive number")
         return float(value)
 
-    def section(self, key: str) -> "_Keys | None":
+    def section(self, key: str) -> "ConfigKeys | None":
         """The nested dict under `key` (None when absent, null or empty) as its own checked reader."""
         value = self.hf.get(key)
         if value is None or value == {}:
             return None
         if not isinstance(value, dict):
             raise self.error(key, value, "must be an object")
-        return _Keys(value, self.source, f"{self.prefix}{key}.")
+        return ConfigKeys(value, self.source, f"{self.prefix}{key}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +202,7 @@ class ModelConfig:
                 "(Llama-3.x, Qwen2/Qwen2.5, Qwen3, Gemma3)"
             )
         family = _MODEL_TYPES[model_type]
-        top = _Keys(hf, source)
+        top = ConfigKeys(hf, source)
         keys = top
         if model_type == "gemma3":
             text = top.section("text_config")
@@ -212,7 +212,7 @@ class ModelConfig:
             for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
                 hf.setdefault(key, top.hf.get(key))
             hf.setdefault("tie_word_embeddings", top.hf.get("tie_word_embeddings", True))
-            keys = _Keys(hf, source, "text_config.")
+            keys = ConfigKeys(hf, source, "text_config.")
         get = hf.get
         num_heads = keys.pos_int("num_attention_heads")
         hidden = keys.pos_int("hidden_size")
@@ -329,14 +329,14 @@ def _build(cls: type[ModelConfig], source: str, **fields: Any) -> ModelConfig:
         raise ModelConfigError(f"{source}: {e}") from None
 
 
-def _layer_types(keys: _Keys, value: Any) -> tuple[str, ...]:
+def _layer_types(keys: ConfigKeys, value: Any) -> tuple[str, ...]:
     """`layer_types` as a tuple of strings (the dataclass checks the names and the count)."""
     if not isinstance(value, (list, tuple)) or not all(isinstance(t, str) for t in value):
         raise keys.error("layer_types", value, "must be a list of strings")
     return tuple(value)
 
 
-def _rope_from_hf(params: _Keys | None, default_theta: float) -> RopeConfig:
+def _rope_from_hf(params: ConfigKeys | None, default_theta: float) -> RopeConfig:
     """Reads the `rope_parameters` (transformers 5) or `rope_scaling` (older files) dict, checking its numbers."""
     if params is None:
         return RopeConfig(theta=default_theta)

@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from icml_jax.models import hf_layout
-from icml_jax.models.config import ModelConfigError, _Keys
+from icml_jax.models.config import ModelConfigError, ConfigKeys
 from icml_jax.models.decoder import EMBED, HEAD_DIM, HEADS, MLP_AXIS, VOCAB, stack_blocks
 from icml_jax.models.safetensors_io import Checkpoint, CheckpointError, CheckpointNotFoundError
 from icml_jax.models.sampler import bucket
@@ -87,7 +87,7 @@ class BertConfig:
     @classmethod
     def from_hf(cls, hf: dict[str, Any], *, source: str = "model config") -> "BertConfig":
         """Builds the config from a HF config dict; ModelConfigError names `source`, the key and the value."""
-        keys = _Keys(hf, source)
+        keys = ConfigKeys(hf, source)
         if hf.get("model_type") != "bert":
             raise keys.error("model_type", hf.get("model_type"), "is not 'bert' (the encoder reads BERT models)")
         position_type = hf.get("position_embedding_type") or "absolute"
@@ -190,7 +190,7 @@ class SentenceSettings:
             st = _read_json(st_file, ModelConfigError)
             if not isinstance(st, dict):
                 raise ModelConfigError(f"{st_file}: not a JSON object")
-            keys = _Keys(st, str(st_file))
+            keys = ConfigKeys(st, str(st_file))
             max_len = keys.pos_int("max_seq_length", None)
             lower = bool(st.get("do_lower_case", False))
         return cls(pooling=pooling, max_seq_length=max_len, do_lower_case=lower,
