@@ -155,7 +155,7 @@ class _Provider(qwix.LoraProvider):
         _annotate(name, einsum_str, operands, self.lora)
         if rule.dropout > 0:
             lhs = nnx.Dropout(rule.dropout, deterministic=False)(lhs, rngs=flax_util.make_rng("dropout"))
-        return out + _low_rank(lora_str, lhs, lora_a[...], lora_b[...], **kwargs) * (rule.alpha / rule.rank)
+        return out + low_rank_product(lora_str, lhs, lora_a[...], lora_b[...], **kwargs) * (rule.alpha / rule.rank)
 
     def process_model_inputs(self, model, model_args, model_kwargs):
         with _quiet_qwix():
@@ -175,15 +175,50 @@ class _Provider(qwix.LoraProvider):
         return rule, op_id
 
 
-def _low_rank(lora_str: str, x: jax.Array, a: jax.Array, b: jax.Array, **kwargs: Any) -> jax.Array:
-    """x A B for qwix's three-operand adapter einsum ("bte,er,rhd->bthd"), as two einsums whose rank axis comes
-    last then first: rows stay rows, so XLA:CPU needs no transposed copy of x (the single three-operand einsum
-    lowered to a dot over x's transpose, an 11 ms strided copy per MLP layer on SmolLM2)."""
+def low_rank_product(lora_str: str, x: jax.Array, a: jax.Array, b: jax.Array, **kwargs: Any) -> jax.Array:
+    """x A B for qwix's three-operand adapter einsum ("bte,er,rhd->bthd"): two einsums whose rank axis comes last
+    then first, so rows stay rows (the single three-operand einsum made XLA:CPU copy x transposed), with a
+    hand-written VJP (`_low_rank_vjp`); extra einsum keywords take the plain two-einsum path."""
+    if kwargs:
+        x_str, a_str, b_str, out, mid = _low_rank_strings(lora_str)
+        xa = jnp.einsum(f"{x_str},{a_str}->{mid}", x, a, **kwargs)
+        return jnp.einsum(f"{mid},{b_str}->{out}", xa, b, **kwargs)
+    return _low_rank_vjp(lora_str, x, a, b)
+
+
+def _low_rank_strings(lora_str: str) -> tuple[str, str, str, str, str]:
+    """(x, A, B, output, x A) einsum subscripts of a qwix adapter einsum; x A keeps x's free axes, then the rank."""
     inputs, out = lora_str.split("->")
     x_str, a_str, b_str = inputs.split(",")
+    return x_str, a_str, b_str, out, "".join(c for c in x_str if c in out) + a_str[-1]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _low_rank_vjp(lora_str: str, x: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
+    """x A B with a backward pass that computes the adapters' weight gradients rank axis first: a contraction over
+    the token axis written [rank, features] runs ~11x faster on XLA:CPU than [features, rank] (which it computes
+    over a transposed copy of the activations), 1.5x for a whole SmolLM2 LoRA forward + backward."""
+    return _low_rank_fwd(lora_str, x, a, b)[0]
+
+
+def _low_rank_fwd(lora_str: str, x: jax.Array, a: jax.Array, b: jax.Array):
+    x_str, a_str, b_str, out, mid = _low_rank_strings(lora_str)
+    xa = jnp.einsum(f"{x_str},{a_str}->{mid}", x, a)
+    return jnp.einsum(f"{mid},{b_str}->{out}", xa, b), (x, a, b, xa)
+
+
+def _low_rank_bwd(lora_str: str, residuals, g: jax.Array):
+    x, a, b, xa = residuals
+    x_str, a_str, b_str, out, mid = _low_rank_strings(lora_str)
     rank = a_str[-1]
-    mid = "".join(c for c in x_str if c in out) + rank
-    return jnp.einsum(f"{mid},{b_str}->{out}", jnp.einsum(f"{x_str},{a_str}->{mid}", x, a, **kwargs), b, **kwargs)
+    g_mid = jnp.einsum(f"{out},{b_str}->{mid}", g, b)
+    dx = jnp.einsum(f"{mid},{a_str}->{x_str}", g_mid, a)
+    da = jnp.moveaxis(jnp.einsum(f"{mid},{x_str}->{rank}{a_str[:-1]}", g_mid, x), 0, -1)  # rank first, then A's
+    db = jnp.einsum(f"{mid},{out}->{b_str}", xa, g)  # B's subscripts start with the rank
+    return dx.astype(x.dtype), da.astype(a.dtype), db.astype(b.dtype)
+
+
+_low_rank_vjp.defvjp(_low_rank_fwd, _low_rank_bwd)
 
 
 def _annotate(name: str, einsum_str: str, operands: Sequence[Any], lora: LoraConfig) -> None:

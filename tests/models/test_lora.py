@@ -229,3 +229,23 @@ def test_rollouts_with_adapters_equal_the_merged_model(adapted):
     ours = generate_tokens(model, prompts, max_new_tokens=6)
     ref = generate_tokens(merged, prompts, max_new_tokens=6)
     np.testing.assert_array_equal(ours.tokens, ref.tokens)
+
+
+@pytest.mark.parametrize("lora_str, shapes", [
+    ("bte,er,rhd->bthd", ((2, 5, 12), (12, 4), (4, 3, 8))),  # q / k / v
+    ("bthd,hdr,re->bte", ((2, 5, 3, 8), (3, 8, 4), (4, 12))),  # o
+    ("bce,er,rm->bcm", ((2, 5, 12), (12, 4), (4, 20))),  # gate / up (down alike)
+])
+def test_the_adapter_product_and_its_hand_written_gradients_equal_the_three_operand_einsum(lora_str, shapes):
+    """`lora.low_rank_product` (two einsums, a custom VJP that computes weight gradients rank first) against qwix's
+    single einsum and JAX's own derivative of it."""
+    keys = jax.random.split(jax.random.key(0), 4)
+    x, a, b = (jax.random.normal(k, s, jnp.float32) for k, s in zip(keys, shapes))
+    g = jax.random.normal(keys[3], jnp.einsum(lora_str, x, a, b).shape, jnp.float32)
+    np.testing.assert_allclose(lora.low_rank_product(lora_str, x, a, b), jnp.einsum(lora_str, x, a, b),
+                               rtol=1e-5, atol=1e-5)
+    ours = jax.grad(lambda *t: jnp.sum(lora.low_rank_product(lora_str, *t) * g), argnums=(0, 1, 2))(x, a, b)
+    ref = jax.grad(lambda *t: jnp.sum(jnp.einsum(lora_str, *t) * g), argnums=(0, 1, 2))(x, a, b)
+    for got, want in zip(ours, ref, strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
