@@ -7,10 +7,12 @@ prefill tokens/s, cached-decode tokens/s and ours/theirs, and puts both against 
 measured in the same run: prefill as a fraction of the float32 matmul peak XLA reaches, decode against the time
 to read every weight once. With `--agent-turn`, also times one agent turn (Trigger over 15 candidate memories,
 Planner, a 32-token reply by the same backbone) and counts the programs compiled over a 5-session episode.
+With `--lora`, only the policies' forward with and without LoRA adapters (rank 8, every projection), interleaved.
 Compilation is done (and timed) before measuring; every figure is the median of `--repeats` runs.
 
     python scripts/benchmark_backbone.py            # CPU here; uses the GPU when JAX and torch see one
     python scripts/benchmark_backbone.py --model ~/.cache/icml_jax/models/smollm2-135m-instruct --agent-turn
+    python scripts/benchmark_backbone.py --model ~/.cache/icml_jax/models/smollm2-135m-instruct --lora
 """
 
 from __future__ import annotations
@@ -149,6 +151,32 @@ def agent_turns(model_dir: str, repeats: int) -> None:
           f"({len(compiles) - n_episode} more compilations)")
 
 
+def lora_overhead(model_dir: str, repeats: int) -> None:
+    """Times the policies' forward (final hidden states, no logits) with and without LoRA rank 8 on every
+    projection, interleaved, at a B = 1 Trigger's rows (8 x 64) and a B = 16 one's (128 x 64)."""
+    from icml_jax.models.flops import forward_flops
+    from icml_jax.models.lora import LoraConfig, apply_lora
+
+    base = from_pretrained(model_dir)
+    adapted = apply_lora(base, LoraConfig(rank=8), seed=0)
+    adapted.eval()
+    hidden = nnx.jit(lambda m, t: m(t, compute_logits=False).hidden)
+    for rows in (8, 128):
+        tokens = jnp.asarray(np.random.RandomState(rows).randint(3, base.config.vocab_size, (rows, 64)), jnp.int32)
+        times = {"plain": [], "lora": []}
+        for model in (base, adapted):
+            hidden(model, tokens).block_until_ready()
+        for _ in range(max(repeats, 5)):  # interleaved: a drift of the machine's load hits both alike
+            for name, model in (("plain", base), ("lora", adapted)):
+                start = time.perf_counter()
+                hidden(model, tokens).block_until_ready()
+                times[name].append(time.perf_counter() - start)
+        plain, lora = (statistics.median(times[k]) for k in ("plain", "lora"))
+        flops = forward_flops(base.config, rows, 64), forward_flops(base.config, rows, 64, lora_rank=8)
+        print(f"LoRA forward overhead, {rows} x 64 tokens: plain {plain * 1e3:.0f} ms, LoRA r8 {lora * 1e3:.0f} ms, "
+              f"+{lora / plain - 1:.1%} (adapter FLOPs +{flops[1] / flops[0] - 1:.1%})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="local HF directory (default: random Llama-style weights)")
@@ -158,7 +186,13 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--agent-turn", action="store_true", help="also time one agent turn (needs --model)")
+    parser.add_argument("--lora", action="store_true", help="only the LoRA forward overhead (needs --model)")
     args = parser.parse_args()
+    if args.lora:
+        if not args.model:
+            parser.error("--lora needs --model")
+        lora_overhead(args.model, args.repeats)
+        return
     if args.agent_turn and not args.model:
         parser.error("--agent-turn needs --model (a tokenizer and chat template)")
 
