@@ -32,7 +32,8 @@ import numpy as np
 from flax import nnx
 
 from icml_jax.models import hf_layout
-from icml_jax.models.config import ModelConfigError, ConfigKeys
+from icml_jax.models.config import ConfigKeys, ModelConfigError
+from icml_jax.models.loading import read_params
 from icml_jax.models.decoder import EMBED, HEAD_DIM, HEADS, MLP_AXIS, VOCAB, stack_blocks
 from icml_jax.models.safetensors_io import Checkpoint, CheckpointError, CheckpointNotFoundError
 from icml_jax.models.sampler import bucket
@@ -371,35 +372,8 @@ def load_bert(path: str | Path, *, dtype=jnp.float32) -> BertEncoder:
         raise CheckpointError(f"{path}: no BERT word embedding found (looked for "
                               + ", ".join(p + "embeddings.word_embeddings.weight" for p in _PREFIXES) + ")")
     graphdef, state = nnx.split(abstract_bert(config, dtype))
-    table = layout(config)
-    used: set[str] = set()
-    missing: list[str] = []
-    leaves = []
-    for key, var in nnx.to_flat_state(state):
-        hf_suffix, kind = table[key]
-        stacked = hf_layout.is_stacked(key)
-        suffixes = hf_layout.layer_names(hf_suffix, config.num_layers) if stacked else [hf_suffix]
-        names = [prefix + n for n in suffixes]
-        absent = [n for n in names if n not in ckpt]
-        if absent:
-            missing.extend(absent)
-            leaves.append((key, var))
-            continue
-        used.update(names)
-        shape = tuple(var.shape[1:] if stacked else var.shape)
-        expected = hf_layout.hf_shape(kind, shape)
-        arrays = []
-        for i, name in enumerate(names):
-            if ckpt.shape(name) != expected:
-                where = "/".join(map(str, key)) + (f", layer {i}" if stacked else "")
-                raise CheckpointError(f"tensor {name!r} in {ckpt.file_of(name)} has shape {ckpt.shape(name)}, "
-                                      f"expected {expected} (parameter {where})")
-            arrays.append(np.ascontiguousarray(hf_layout.hf_to_ours(kind, ckpt.get(name), shape), dtype=dtype))
-        value = np.stack(arrays) if stacked else arrays[0]
-        leaves.append((key, var.replace(jax.device_put(value))))
-    if missing:
-        raise CheckpointError(f"{path}: checkpoint lacks {len(missing)} tensor(s): {', '.join(missing[:8])}"
-                              + (" ..." if len(missing) > 8 else ""))
+    leaves, used = read_params(ckpt, state, layout(config), config.num_layers, lambda n: prefix + n, dtype,
+                               where=path)
     unexpected = [n for n in ckpt.keys() if n not in used and not n[len(prefix):].startswith(_IGNORED)
                   and n.startswith(prefix)]
     if unexpected:

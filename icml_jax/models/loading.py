@@ -50,15 +50,34 @@ def from_pretrained(
     except KeyError as e:
         raise CheckpointError(f"{path}: {e.args[0]}") from None
     graphdef, state = nnx.split(abstract_model(config, dtype))
-    table = hf_layout.layout(config)
+    leaves, used = read_params(ckpt, state, hf_layout.layout(config), config.num_layers,
+                               lambda n: hf_layout.full_name(n, prefix), dtype, mesh=mesh, rules=rules, where=path)
+    tied_head = hf_layout.full_name("<lm_head>", prefix) if config.tie_embeddings else None
+    unexpected = [n for n in ckpt.keys() if n not in used and n != tied_head and not hf_layout.is_ignored(n)]
+    if unexpected:
+        shown = ", ".join(f"{n!r} ({ckpt.file_of(n).name})" for n in unexpected[:8])
+        raise CheckpointError(f"{path}: unexpected tensor(s) the {config.family} decoder does not use: {shown}"
+                         + (" ..." if len(unexpected) > 8 else ""))
+    return nnx.merge(graphdef, nnx.from_flat_state(leaves))
+
+
+def read_params(ckpt: Checkpoint, state: nnx.State, table: dict, num_layers: int, full_name: Callable[[str], str],
+                dtype, *, mesh: Mesh | None = None, rules: Sequence = parallel.DEFAULT_RULES, where: Path
+                ) -> tuple[list[tuple[tuple, nnx.Variable]], set[str]]:
+    """Every variable of the abstract `state` read from `ckpt` through the layout `table` (our path -> (HF suffix,
+    kind)); stacked block parameters gather their `num_layers` tensors. Returns the filled (path, variable) leaves
+    and the checkpoint names used; a missing or mis-shaped tensor is a CheckpointError naming it and its file.
+
+    On one device a stacked parameter is one stacked host copy; with `mesh` each device's shard is assembled from
+    the layers' slices, so no device receives more than its shard."""
     used: set[str] = set()
     missing: list[str] = []
     leaves = []
     for key, var in nnx.to_flat_state(state):
         hf_suffix, kind = table[key]
         stacked = hf_layout.is_stacked(key)
-        suffixes = hf_layout.layer_names(hf_suffix, config.num_layers) if stacked else [hf_suffix]
-        names = [hf_layout.full_name(n, prefix) for n in suffixes]
+        suffixes = hf_layout.layer_names(hf_suffix, num_layers) if stacked else [hf_suffix]
+        names = [full_name(n) for n in suffixes]
         absent = [n for n in names if n not in ckpt]
         if absent:
             missing.extend(absent)
@@ -69,9 +88,9 @@ def from_pretrained(
         for i, name in enumerate(names):
             expected = hf_layout.hf_shape(kind, shape)
             if ckpt.shape(name) != expected:
-                where = "/".join(map(str, key)) + (f", layer {i}" if stacked else "")
+                at = "/".join(map(str, key)) + (f", layer {i}" if stacked else "")
                 raise CheckpointError(f"tensor {name!r} in {ckpt.file_of(name)} has shape {ckpt.shape(name)}, "
-                                 f"expected {expected} (parameter {where})")
+                                      f"expected {expected} (parameter {at})")
         read = _reader(ckpt, kind, shape, jnp.dtype(dtype))
         sharding = None if mesh is None else parallel.variable_sharding(var, mesh, rules)
         if not stacked:
@@ -84,15 +103,9 @@ def from_pretrained(
                 lambda index, names=names, read=read: np.stack([read(n)[index[1:]] for n in names[index[0]]]))
         leaves.append((key, var.replace(value)))
     if missing:
-        raise CheckpointError(f"{path}: checkpoint lacks {len(missing)} tensor(s): {', '.join(missing[:8])}"
-                         + (" ..." if len(missing) > 8 else ""))
-    tied_head = hf_layout.full_name("<lm_head>", prefix) if config.tie_embeddings else None
-    unexpected = [n for n in ckpt.keys() if n not in used and n != tied_head and not hf_layout.is_ignored(n)]
-    if unexpected:
-        shown = ", ".join(f"{n!r} ({ckpt.file_of(n).name})" for n in unexpected[:8])
-        raise CheckpointError(f"{path}: unexpected tensor(s) the {config.family} decoder does not use: {shown}"
-                         + (" ..." if len(unexpected) > 8 else ""))
-    return nnx.merge(graphdef, nnx.from_flat_state(leaves))
+        raise CheckpointError(f"{where}: checkpoint lacks {len(missing)} tensor(s): {', '.join(missing[:8])}"
+                              + (" ..." if len(missing) > 8 else ""))
+    return leaves, used
 
 
 def _reader(ckpt: Checkpoint, kind: str, shape: tuple[int, ...], dtype) -> Callable[[str], np.ndarray]:

