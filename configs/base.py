@@ -110,9 +110,12 @@ def get_config() -> ml_collections.ConfigDict:
         judge=True,  # rate every reply on the five dimensions with config.llm.judge
         max_failed_fraction=0.1,  # judge requests that may fail after all retries (counted, left out of the means)
         learn=False,  # True: learn online (PPO) on each episode's history sessions before answering its targets
-        bertscore_model=placeholder(str),  # local encoder dir for BERTScore (paper: roberta-large); None: skipped
-        bertscore_layer=17,  # bert-score's layer for roberta-large
-        mauve_model=placeholder(str),  # local HF decoder dir whose last-token hidden states feed MAUVE; None: skipped
+        bertscore_model=placeholder(str),  # local encoder dir for BERTScore (paper: roberta-large; or the fetched
+        # all-MiniLM-L6-v2, whose magnitudes are not the paper's); None: skipped
+        bertscore_layer=17,  # the hidden state bert-score reads: 17 is its layer for roberta-large (the paper's);
+        # all-MiniLM-L6-v2 has 6 (6: its last); a layer the encoder lacks fails before the evaluation plays
+        mauve_model=placeholder(str),  # local Llama / Qwen2 / Qwen3 / Gemma3 dir whose last-token final hidden states
+        # feed MAUVE (GPT-2, the paper's featurizer, does not load: magnitudes are not the paper's); None: skipped
         mauve_max_length=256,
         prices={},  # optional cost estimate: {"generator": {"input": USD, "output": USD} per 1M tokens, "judge": ...}
     ))

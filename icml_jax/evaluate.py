@@ -65,29 +65,46 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _model_scores(config: ml_collections.ConfigDict, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """BERTScore and MAUVE of the replies against the references, for the model paths `config.eval` names."""
-    from icml_jax.evaluation.model_metrics import bertscore_f1, last_token_features, mauve_score
+def _model_metric_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """{"BERTScore" / "MAUVE": what it will run with} for the model paths `config.eval` names, checked before the
+    evaluation plays (a missing directory, a layer the encoder lacks or a decoder family we cannot load fails
+    here, not after every reply is generated)."""
+    from icml_jax.evaluation.model_metrics import check_bertscore_model, check_mauve_model
 
     ev = config.get("eval") or ml_collections.ConfigDict()
-    replies, refs = [r["reply"] for r in rows], [r["reference"] for r in rows]
     out: dict[str, Any] = {}
     if ev.get("bertscore_model"):
+        if ev.get("bertscore_layer") is None:
+            raise ValueError("eval.bertscore_model is set but eval.bertscore_layer (the encoder layer bert-score "
+                             "reads) is not")
+        out["BERTScore"] = check_bertscore_model(ev.bertscore_model, int(ev.bertscore_layer))
+    if ev.get("mauve_model"):
+        if ev.get("mauve_max_length") is None:
+            raise ValueError("eval.mauve_model is set but eval.mauve_max_length (tokens per text) is not")
+        out["MAUVE"] = {**check_mauve_model(ev.mauve_model), "max_length": int(ev.mauve_max_length)}
+    return out
+
+
+def _model_scores(config: ml_collections.ConfigDict, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """BERTScore and MAUVE of the replies against the references, for the model paths `config.eval` names."""
+    from icml_jax.evaluation.model_metrics import bertscore_f1, last_token_features, load_mauve_featurizer, mauve_score
+
+    ev = config.get("eval") or ml_collections.ConfigDict()
+    settings = _model_metric_settings(config)
+    replies, refs = [r["reply"] for r in rows], [r["reference"] for r in rows]
+    out: dict[str, Any] = {}
+    if "BERTScore" in settings:
         out["BERTScore"] = bertscore_f1(replies, refs, model_path=ev.bertscore_model,
-                                        layer=int(ev.get("bertscore_layer", 17)))
+                                        layer=settings["BERTScore"]["layer"])
         for row, value in zip(rows, out["BERTScore"].per_target, strict=True):
             row["bertscore_f1"] = value
-    if ev.get("mauve_model"):
-        import jax.numpy as jnp
-
-        from icml_jax.models import from_pretrained, load_tokenizer
-
-        path = str(ev.mauve_model)
-        model, tok = from_pretrained(path, dtype=jnp.float32), load_tokenizer(path)
-        n = int(ev.get("mauve_max_length", 256))
+    if "MAUVE" in settings:
+        model, tok, details = load_mauve_featurizer(ev.mauve_model)
+        n = settings["MAUVE"]["max_length"]
         feats = [last_token_features(model, tok, texts, max_length=n) for texts in (replies, refs)]
-        out["MAUVE"] = mauve_score(*feats, seed=int(config.seed),
-                                   featurizer=f"last-token final hidden state of {Path(path).name}, {n} tokens")
+        out["MAUVE"] = mauve_score(*feats, seed=int(config.seed), details={**details, "max_length": n},
+                                   featurizer=f"last-token final hidden state of {Path(details['model']).name} "
+                                              f"({details['model_type']}, not GPT-2 large), {n} tokens")
     return out
 
 
@@ -208,6 +225,7 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     episodes = eval_episodes(config)
     if not episodes:
         raise ValueError(f"no evaluation episodes for data {config.data.name!r}")
+    _model_metric_settings(config)  # BERTScore / MAUVE models checked before anything is played
     tokenizer = build_tokenizer(config, workdir)
     cache = ResponseCache(Path(cache_path) if cache_path else out_dir / CACHE_FILE)
     remote = lambda block: block.get("kind") == "gemini"  # noqa: E731  (one request per call: nothing lost)
@@ -266,6 +284,7 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
                                     "from_cache": sum(b.hits for b in backends)},
                "llm_usage": llm_usage,
                "failed_episodes": failed or [],  # skipped: a back-end request failed for good (their ids, why)
+               "model_metrics": {name: score.details for name, score in model_scores.items()},  # model, layer
                "versions": _versions(), "config": config.to_dict()}
     content = write_outputs(out_dir, results, system, setting, model_scores,
                             memory_extra={"proxy_truth": correlation} if correlation else None)

@@ -1,8 +1,12 @@
 """Model-based reply metrics on tiny local models the tests build: BERTScore against a NumPy recomputation from
 the encoder's hidden states, MAUVE's behaviour on equal and separated feature sets, and our decoder's last-token
-features independent of batching and padding."""
+features independent of batching and padding. On the fetched all-MiniLM-L6-v2 (skipped outside CI with the fetch
+command when it is missing; a failure in CI), our BERTScore equals bert-score's own `score` at the same layer.
+Unusable models fail before anything is scored: a layer the encoder lacks, a GPT-2 featurizer for MAUVE."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -10,9 +14,22 @@ import torch
 from flax import nnx
 from transformers import BertConfig, BertModel, BertTokenizerFast
 
-from icml_jax.evaluation.model_metrics import bertscore_f1, last_token_features, mauve_score
-from icml_jax.models.decoder import Decoder
+from icml_jax import evaluate as ev
 from icml_jax.agents import tiny
+from icml_jax.evaluation.model_metrics import (bertscore_f1, check_bertscore_model, check_mauve_model,
+                                               last_token_features, load_mauve_featurizer, mauve_score)
+from icml_jax.models import ModelConfigError, fetch
+from icml_jax.models.decoder import Decoder
+from tests.models import hf_fixtures
+
+MINILM = "all-minilm-l6-v2"
+MINILM_LAYER = 6  # its last layer: the one its sentence-transformers pooling reads; bert-score has no entry for it
+MINILM_PAIRS = [  # (reply, reference)
+    ("How is your dog doing after the vet visit?", "How is your dog after his trip to the vet?"),
+    ("Good luck with the kitchen renovation this summer!", "Good luck with the renovation this summer."),
+    ("I remember you said your cat went vegan.", "Is your cat still on that vegan diet?"),
+    ("Paris is lovely in spring.", "I have never been to France."),
+]
 
 WORDS = "the a my dog cat vet visit kitchen vegan good luck how is after his trip to renovation summer now".split()
 REPLIES = ["how is the dog after the vet visit", "good luck with the kitchen", "my cat is vegan now"]
@@ -86,3 +103,92 @@ def test_mauve_is_high_for_one_distribution_and_low_for_separated_ones():
     assert same.value > 90 and apart.value < 20 and "gaussian" in same.signature
     with pytest.raises(ValueError, match="equal d"):
         mauve_score(p, q[:, :4])
+
+
+def minilm_dir():
+    """The fetched all-MiniLM-L6-v2 directory; skipped outside CI with the fetch command, failed in CI."""
+    directory = fetch.model_dir(MINILM)
+    if (directory / "config.json").is_file() and (directory / "model.safetensors").is_file():
+        return directory
+    reason = f"{MINILM} is not fetched in {directory}; run `{fetch.fetch_command(MINILM)}`"
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def test_bertscore_on_minilm_equals_bert_score_called_directly():
+    from bert_score import score
+
+    path = minilm_dir()
+    replies, refs = [p[0] for p in MINILM_PAIRS], [p[1] for p in MINILM_PAIRS]
+    got = bertscore_f1(replies, refs, model_path=path, layer=MINILM_LAYER)
+    _, _, f1 = score(replies, refs, model_type=str(path), num_layers=MINILM_LAYER, idf=False,
+                     rescale_with_baseline=False, use_fast_tokenizer=True)
+    assert got.value == pytest.approx(100 * float(f1.mean()), abs=1e-6)
+    assert got.per_target == pytest.approx([100 * float(x) for x in f1], abs=1e-6)
+    assert got.per_target[0] > got.per_target[3]  # the paraphrase scores above the unrelated pair
+    assert got.details == {"model": str(path), "model_type": "bert", "layer": 6, "num_hidden_layers": 6,
+                           "idf": False, "rescale_with_baseline": False, "package": got.details["package"]}
+    assert "layer 6 of 6" in got.signature and "no idf, no rescaling" in got.signature
+    # a lower layer is a different metric: bert-score's own score at layer 3 again, and not layer 6's
+    low = bertscore_f1(replies, refs, model_path=path, layer=3)
+    want = 100 * float(score(replies, refs, model_type=str(path), num_layers=3, use_fast_tokenizer=True)[2].mean())
+    assert low.value == pytest.approx(want, abs=1e-6) and low.value != pytest.approx(got.value, abs=1e-3)
+
+
+def test_bertscore_layer_the_encoder_lacks_fails_naming_its_layer_count(tiny_bert):
+    with pytest.raises(ValueError, match=r"layer 17 is outside 0\.\.3 .*num_hidden_layers 3"):
+        bertscore_f1(REPLIES, REFERENCES, model_path=tiny_bert, layer=17)  # the roberta-large default
+    with pytest.raises(ValueError, match="not an integer"):
+        check_bertscore_model(tiny_bert, "6")
+    assert check_bertscore_model(tiny_bert, 0)["layer"] == 0  # 0: the embeddings, as bert-score allows
+
+
+def write_gpt2(path):
+    """A one-layer GPT-2 config.json (what MAUVE's reference featurizer, GPT-2 large, looks like)."""
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64).save_pretrained(path)
+    return path
+
+
+def test_mauve_featurizer_gpt2_is_one_clear_error(tmp_path):
+    gpt2 = write_gpt2(tmp_path / "gpt2")
+    for call in (check_mauve_model, load_mauve_featurizer):
+        with pytest.raises(ModelConfigError) as err:
+            call(gpt2)
+        message = str(err.value)
+        assert "eval.mauve_model" in message and str(gpt2) in message and "model_type 'gpt2'" in message
+        assert "llama, qwen2, qwen3, gemma3" in message and "not comparable" in message
+    with pytest.raises(FileNotFoundError, match="nothing is downloaded"):
+        check_mauve_model(tmp_path / "missing")
+
+
+def test_mauve_records_its_featurizer(tmp_path):
+    llama = tmp_path / "llama"
+    hf_fixtures.build("llama", llama)
+    from tests.models import tokenizer_fixtures
+
+    tokenizer_fixtures.build_tokenizer(llama)
+    model, tok, details = load_mauve_featurizer(llama)
+    assert details["model"] == str(llama) and details["model_type"] == "llama" and details["family"] == "llama"
+    assert "final hidden state" in details["layer"] and "last token" in details["layer"]
+    texts = [f"{w} is good" for w in WORDS[:12]]
+    feats = last_token_features(model, tok, texts, max_length=16)
+    assert feats.shape == (12, details["hidden_size"])
+    got = mauve_score(feats[:6], feats[6:], details=details)
+    assert got.details["model_type"] == "llama" and got.details["feature_dim"] == details["hidden_size"]
+
+
+def test_evaluation_checks_the_metric_models_before_playing(tmp_path):
+    from tests.test_main import tiny_demo
+
+    config = tiny_demo()
+    config.eval.mauve_model = str(write_gpt2(tmp_path / "gpt2"))
+    with pytest.raises(ModelConfigError, match="model_type 'gpt2'"):
+        ev.evaluate_workdir(config, tmp_path / "run")
+    config.eval.mauve_model = None
+    config.eval.bertscore_model = str(write_tiny_bert(tmp_path / "bert"))  # eval.bertscore_layer: 17 by default
+    with pytest.raises(ValueError, match="outside 0..3"):
+        ev.evaluate_workdir(config, tmp_path / "run")
+    assert not (tmp_path / "run" / ev.EVAL_DIR / "targets.jsonl").exists()
