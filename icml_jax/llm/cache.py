@@ -22,7 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from icml_jax.llm.generation import generate_each
-from icml_jax.llm.types import BackendError, LLMBackend, LLMRequest, LLMResponse, TokenUsage
+from icml_jax.llm.types import (
+    BackendError,
+    LLMBackend,
+    LLMRequest,
+    LLMResponse,
+    ScoreRequest,
+    ScoreResponse,
+    TokenUsage,
+    judge_mode_of,
+)
 
 _SCHEMA = "CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, namespace TEXT NOT NULL, response TEXT NOT NULL)"
 Outcome = LLMResponse | BackendError
@@ -207,6 +216,18 @@ class CachedBackend:
         if first_error is not None:
             raise first_error
         return out
+
+    @property
+    def judge_mode(self) -> str:
+        """The wrapped back end's judge mode, so a cached local judge still judges by score tokens."""
+        return judge_mode_of(self.backend)
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResponse]:
+        """Score-token verdicts straight from the wrapped back end: not cached (one deterministic forward pass
+        each, cheap next to the generation this cache exists for)."""
+        if not callable(getattr(self.backend, "score", None)):
+            raise TypeError(f"CachedBackend: the wrapped {self.backend.name} back end cannot score")
+        return self.backend.score(requests)
 
     @property
     def usage(self) -> TokenUsage:

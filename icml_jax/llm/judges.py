@@ -6,12 +6,20 @@ never raises. Back-end errors (retries exhausted, bad key) are not judge failure
 BackendError, so a broken back end stops the run loudly; a judge made with `backend_failures="record"` (the
 evaluation's) records such an item as a failure too (`failure` starts with "back end:"), counted apart, so one
 unlucky request does not lose a whole evaluation (the caller decides how many it tolerates).
+
+A back end whose `judge_mode` is "scores" (the local back end's default) is not asked for JSON by the proxy and
+quality judges: each dimension's verdict is the expected level under the model's next-token probabilities of
+"1".."5" after a cue (G-Eval style), mapped to [0, 1] as (E - 1) / 4 like a JSON score, so every item gets a
+verdict (`reason` and `raw_text` carry the distribution). The pairwise judge and `judge_requests` stay on JSON.
+Neither path puts labels into what the model reads: the JSON requests carry them in metadata for the offline
+back end only, and the score requests carry none.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import json
 import logging
 import math
 import threading
@@ -20,7 +28,16 @@ from typing import Any
 
 from icml_jax.llm import prompts
 from icml_jax.llm.generation import generate_each
-from icml_jax.llm.types import BackendError, LLMBackend, LLMRequest, LLMResponse
+from icml_jax.llm.types import (
+    JUDGE_MODE_SCORES,
+    BackendError,
+    LLMBackend,
+    LLMRequest,
+    LLMResponse,
+    ScoreRequest,
+    ScoreResponse,
+    judge_mode_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +47,9 @@ class JudgeResult:
     """One verdict: `score` in [0, 1] (None on failure), per-dimension raw and normalised scores, provenance."""
 
     score: float | None
-    dimensions: Mapping[str, int] = dataclasses.field(default_factory=dict)  # raw 1-5 (quality judge only)
-    normalized: Mapping[str, float] = dataclasses.field(default_factory=dict)  # (raw - 1) / 4
+    # raw 1-5 (quality judge only); judged by score tokens: the level nearest the expected score
+    dimensions: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    normalized: Mapping[str, float] = dataclasses.field(default_factory=dict)  # (raw or expected score - 1) / 4
     reason: str = ""
     attempts: int = 1
     failure: str | None = None
@@ -128,6 +146,48 @@ class _Judge(abc.ABC):
     def _validate(self, response: LLMResponse) -> tuple[JudgeResult | None, str]:
         """Turns a response into a result, or (None, reason) when the answer is invalid; each judge defines it."""
 
+    @property
+    def by_scores(self) -> bool:
+        """True when the back end asks judges to read score-token probabilities instead of JSON."""
+        return judge_mode_of(self.backend) == JUDGE_MODE_SCORES
+
+    def _from_scores(self, request: ScoreRequest, response: ScoreResponse) -> JudgeResult:
+        """Turns one score-token response into a verdict; the proxy and quality judges define it."""
+        raise NotImplementedError(f"{type(self).__name__} does not judge by score tokens")
+
+    def judge_scores(self, requests: Sequence[ScoreRequest]) -> list[JudgeResult]:
+        """Judge by score-token probabilities: one verdict per request (a back-end error is raised, or recorded
+        for every item in "record" mode; a response with the wrong number of scores is a counted failure)."""
+        try:
+            responses = self.backend.score(requests)  # type: ignore[attr-defined]
+        except BackendError as exc:
+            if self.backend_failures != "record":
+                raise
+            responses = [exc] * len(requests)
+        if len(responses) != len(requests):
+            raise RuntimeError(f"{self.kind} judge: the {self.backend.name} back end scored {len(responses)} of "
+                               f"{len(requests)} requests")
+        results, failed, backend_failed = [], 0, 0
+        for request, resp in zip(requests, responses, strict=True):
+            if isinstance(resp, BackendError):
+                results.append(JudgeResult(score=None, failure=f"back end: {resp}"))
+                failed, backend_failed = failed + 1, backend_failed + 1
+            elif len(resp.expected) != len(request.cues) or len(resp.probs) != len(request.cues):
+                why = (f"the {self.backend.name} back end gave {len(resp.expected)} score(s) for "
+                       f"{len(request.cues)} cue(s) (task {request.request.task!r})")
+                logger.warning("%s judge: %s; recorded as a judge failure", self.kind, why)
+                results.append(JudgeResult(score=None, failure=why))
+                failed += 1
+            else:
+                raw = json.dumps({"cues": list(request.cues), "probs": [list(p) for p in resp.probs],
+                                  "expected": list(resp.expected), "mass": list(resp.mass)})
+                results.append(dataclasses.replace(self._from_scores(request, resp), raw_text=raw))
+        with self._lock:
+            s = self._stats
+            self._stats = JudgeStats(s.items + len(requests), s.reasks, s.failures + failed,
+                                     s.backend_failures + backend_failed)
+        return results
+
     def judge_requests(self, requests: Sequence[LLMRequest]) -> list[JudgeResult]:
         """Judge prepared requests (built by the prompts module); see the module docstring for failures."""
         results: list[JudgeResult | None] = [None] * len(requests)
@@ -188,9 +248,17 @@ class ProxyJudge(_Judge):
 
     def judge(self, items: Sequence[ProxyInput]) -> list[JudgeResult]:
         """Rate each turn; failures come back with score None (see module docstring)."""
+        if self.by_scores:  # labels stay out: the score request takes none
+            return self.judge_scores(
+                [prompts.proxy_score_request(x.turn_text, x.history, metadata=x.metadata) for x in items])
         return self.judge_requests(
             [prompts.proxy_judge_request(x.turn_text, x.history, label=x.label, metadata=x.metadata) for x in items]
         )
+
+    def _from_scores(self, request: ScoreRequest, response: ScoreResponse) -> JudgeResult:
+        expected = response.expected[0]
+        return JudgeResult(score=(expected - 1.0) / 4.0,
+                           reason=f"expected information value {expected:.3f} on 1-5 ({_levels(response.probs[0])})")
 
     def _validate(self, response: LLMResponse) -> tuple[JudgeResult | None, str]:
         if response.parse_error is not None:
@@ -233,6 +301,12 @@ class QualityJudge(_Judge):
 
     def judge(self, items: Sequence[QualityInput]) -> list[JudgeResult]:
         """Rate each reply; failures come back with score None (see module docstring)."""
+        if self.by_scores:  # labels stay out: the score request takes none
+            return self.judge_scores([
+                prompts.quality_score_request(x.history, x.utterance, x.reply, x.memory, dimensions=self.dimensions,
+                                              metadata=x.metadata)
+                for x in items
+            ])
         return self.judge_requests(
             [
                 prompts.quality_judge_request(
@@ -260,6 +334,20 @@ class QualityJudge(_Judge):
         normalized = {d: (raw[d] - 1) / 4.0 for d in self.dimensions}
         score = sum(self.weights[d] * normalized[d] for d in self.dimensions)
         return JudgeResult(score=score, dimensions=raw, normalized=normalized, reason=str(obj.get("reason", ""))), ""
+
+    def _from_scores(self, request: ScoreRequest, response: ScoreResponse) -> JudgeResult:
+        expected = dict(zip(self.dimensions, response.expected, strict=True))
+        normalized = {d: (expected[d] - 1.0) / 4.0 for d in self.dimensions}
+        return JudgeResult(
+            score=sum(self.weights[d] * normalized[d] for d in self.dimensions),
+            dimensions={d: min(5, max(1, int(expected[d] + 0.5))) for d in self.dimensions}, normalized=normalized,
+            reason="expected scores on 1-5: " + ", ".join(f"{d} {expected[d]:.3f}" for d in self.dimensions),
+        )
+
+
+def _levels(probs: Sequence[float]) -> str:
+    """A distribution over levels 1..5 as 'p(1)=.. p(5)=..' for a verdict's reason."""
+    return " ".join(f"p({i})={p:.3f}" for i, p in enumerate(probs, start=1))
 
 
 class PairwiseJudge(_Judge):

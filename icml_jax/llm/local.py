@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from icml_jax.llm.registry import register_backend
-from icml_jax.llm.types import LLMRequest, LLMResponse, TokenUsage, UsageMeter
+from icml_jax.llm.types import (
+    JUDGE_MODE_SCORES,
+    JUDGE_MODES,
+    SCORE_LEVELS,
+    LLMRequest,
+    LLMResponse,
+    ScoreRequest,
+    ScoreResponse,
+    TokenUsage,
+    UsageMeter,
+)
+
+DEFAULT_JUDGE_MODE = JUDGE_MODE_SCORES  # local judges read score-token probabilities: a verdict every time
 
 
 class LocalBackend:
@@ -18,12 +33,20 @@ class LocalBackend:
     power of two, so memory stays bounded (a thousand condensation requests do not become one batch-1000 KV
     cache) and a run compiles one program per (batch, length) bucket. JSON-schema requests get the schema
     appended to the prompt and their answer parsed leniently.
+
+    `judge_mode` "scores" (the default) makes the proxy and quality judges call `score` instead of parsing JSON:
+    one forward pass per (prompt, cue) reads the next-token distribution over "1".."5", so a small model that
+    cannot write valid JSON still gives a verdict; "json" keeps them on `generate`.
     """
 
     name = "local"
 
     def __init__(self, model, tokenizer, *, seed: int = 0, top_p: float = 1.0, top_k: int = 0,
-                 max_batch: int = 16, max_output_tokens: int | None = None) -> None:
+                 max_batch: int = 16, max_output_tokens: int | None = None,
+                 judge_mode: str = DEFAULT_JUDGE_MODE) -> None:
+        if judge_mode not in JUDGE_MODES:
+            raise ValueError(f"local back end: judge_mode must be one of {list(JUDGE_MODES)}, got {judge_mode!r}")
+        self.judge_mode = judge_mode
         if max_batch < 1:
             raise ValueError(f"local back end: max_batch must be >= 1, got {max_batch}")
         if max_output_tokens is not None and max_output_tokens < 1:
@@ -36,6 +59,7 @@ class LocalBackend:
         self._max_batch = max_batch
         self._meter = UsageMeter()
         self._calls = 0
+        self._levels: ScoreTokens | None = None
 
     def _render(self, request: LLMRequest) -> str:
         prompt = request.prompt
@@ -79,6 +103,66 @@ class LocalBackend:
                                                latency_s=latency)
         return [r for r in out if r is not None]
 
+    def _level_ids(self) -> ScoreTokens:
+        """The tokenizer's score tokens, found once."""
+        if self._levels is None:
+            self._levels = score_token_ids(self.tokenizer)
+        return self._levels
+
+    def _render_cue(self, request: LLMRequest, cue: str) -> str:
+        """The judge prompt with `cue` starting the assistant's answer (a trailing space where digits follow one)."""
+        head = self._render(request) + ("" if getattr(self.tokenizer, "chat_template", None) else "\n\n")
+        return head + cue + (" " if self._level_ids().trailing_space else "")
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResponse]:
+        """For every request and cue, the distribution over the levels 1..5 of the next token, its expected level
+        and the mass it had before normalising; rows sorted by length, chunked to `max_batch` (padded to a power
+        of two) and left-padded to a power-of-two length, so a run compiles one program per bucket."""
+        from flax import nnx
+
+        from icml_jax.models.sampler import bucket
+
+        levels = self._level_ids()
+        templated = bool(getattr(self.tokenizer, "chat_template", None))
+        rows = [(i, c, list(self.tokenizer(self._render_cue(r.request, cue), add_special_tokens=not templated)
+                            ["input_ids"]))
+                for i, r in enumerate(requests) for c, cue in enumerate(r.cues)]
+        order = sorted(range(len(rows)), key=lambda k: len(rows[k][2]))
+        probs = np.zeros((len(rows), len(SCORE_LEVELS)), np.float64)
+        mass = np.zeros(len(rows), np.float64)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        graphdef, state = nnx.split(self.model)
+        start = time.perf_counter()
+        for lo in range(0, len(order), self._max_batch):
+            chunk = order[lo:lo + self._max_batch]
+            chunk = chunk + [chunk[-1]] * (_pow2(len(chunk)) - len(chunk))  # extra rows are dropped
+            length = bucket(max(len(rows[k][2]) for k in chunk))
+            tokens = np.full((len(chunk), length), pad, np.int32)
+            valid = np.zeros((len(chunk), length), bool)
+            for j, k in enumerate(chunk):
+                ids = rows[k][2]
+                tokens[j, length - len(ids):], valid[j, length - len(ids):] = ids, True
+            p, m = _score_program()(graphdef, state, tokens, valid, levels.ids, levels.mask)
+            probs[chunk], mass[chunk] = np.asarray(p, np.float64), np.asarray(m, np.float64)
+        latency = (time.perf_counter() - start) / max(1, len(requests))
+        bad = [k for k in range(len(rows)) if not np.all(np.isfinite(probs[k]))]
+        if bad:
+            i, c, _ = rows[bad[0]]
+            raise FloatingPointError(f"local back end: non-finite score-token probabilities for request {i} "
+                                     f"(task {requests[i].request.task!r}), cue {requests[i].cues[c]!r}")
+        levels = np.asarray(SCORE_LEVELS, np.float64)
+        out, k = [], 0
+        for r in requests:
+            n = len(r.cues)
+            p, m = probs[k:k + n], mass[k:k + n]
+            n_in = sum(len(rows[j][2]) for j in range(k, k + n))
+            k += n
+            self._meter.add(prompt_tokens=n_in, calls=1, attempts=1)
+            out.append(ScoreResponse(probs=tuple(tuple(float(x) for x in row) for row in p),
+                                     expected=tuple(float(x) for x in p @ levels), mass=tuple(float(x) for x in m),
+                                     prompt_tokens=n_in, latency_s=latency))
+        return out
+
     @property
     def usage(self) -> TokenUsage:
         return self._meter.usage
@@ -87,12 +171,62 @@ class LocalBackend:
         """Nothing to release: the model lives as long as its owner keeps it."""
 
 
+class ScoreTokens(NamedTuple):
+    """The token ids of the levels "1".."5" ([levels, variants], `mask` marks real ones) and whether a cue ends
+    with a space (tokenizers that write " 4" as a space token then "4")."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    trailing_space: bool
+
+
+def score_token_ids(tokenizer) -> ScoreTokens:
+    """Each level's token ids: the bare digit, plus a single-token " 4" variant where the tokenizer has one. With
+    tokenizers that write " 4" as a space token then "4" (SmolLM2, Gemma) the space belongs to the cue and the
+    next token is the bare digit. Raises when a digit is not one token (no score-token judging possible)."""
+    encode = lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    ids, spaced = [], []
+    for level in SCORE_LEVELS:
+        bare, space = encode(str(level)), encode(f" {level}")
+        if len(bare) != 1:
+            raise ValueError(f"local back end: cannot judge by score tokens with tokenizer "
+                             f"{getattr(tokenizer, 'name_or_path', type(tokenizer).__name__)!r}: {str(level)!r} is "
+                             f"not one token ({bare})")
+        ids.append(sorted({t[0] for t in (bare, space) if len(t) == 1}))
+        spaced.append(len(space) == 2 and space[1] == bare[0])
+    width = max(len(x) for x in ids)
+    table = np.array([x + [x[0]] * (width - len(x)) for x in ids], np.int32)
+    mask = np.array([[j < len(x) for j in range(width)] for x in ids], bool)
+    return ScoreTokens(table, mask, all(spaced))
+
+
+@functools.cache
+def _score_program():
+    """The jitted score-token forward (built on first use, so importing this module does not import JAX)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    def score_next_token(graphdef, state, tokens, valid, level_ids, level_mask):
+        """Next-token probabilities after each left-padded row [batch, length], summed over each level's token
+        ids ([levels, variants], masked) and normalised over the levels; also the mass on the level tokens."""
+        model = nnx.merge(graphdef, state)
+        hidden = model(tokens, attention_mask=valid, compute_logits=False).hidden[:, -1]
+        logp = jax.nn.log_softmax(model.logits(hidden).astype(jnp.float32), axis=-1)  # [batch, vocab]
+        per_id = jnp.where(level_mask[None], jnp.take(logp, level_ids, axis=1), -jnp.inf)  # [batch, levels, var]
+        per_level = jax.nn.logsumexp(per_id, axis=-1)
+        return jax.nn.softmax(per_level, axis=-1), jnp.exp(jax.nn.logsumexp(per_level, axis=-1))
+
+    return jax.jit(score_next_token, static_argnames=("graphdef",))
+
+
 def _pow2(n: int) -> int:
     """The smallest power of two >= n: the batch buckets of one generate call."""
     return 1 << max(0, n - 1).bit_length()
 
 
-LOCAL_OPTIONS = ("model_dir", "tokenizer_dir", "dtype", "seed", "top_p", "top_k", "max_batch", "max_output_tokens")
+LOCAL_OPTIONS = ("model_dir", "tokenizer_dir", "dtype", "seed", "top_p", "top_k", "max_batch", "max_output_tokens",
+                 "judge_mode")
 
 
 def _check_local(values: Mapping[str, Any]) -> None:
@@ -100,6 +234,9 @@ def _check_local(values: Mapping[str, Any]) -> None:
     unknown = sorted(set(values) - {"kind", *LOCAL_OPTIONS})
     if unknown:
         raise ValueError(f"local back end: unknown config key(s) {unknown}; known: {sorted(LOCAL_OPTIONS)}")
+    mode = values.get("judge_mode")
+    if mode is not None and mode not in JUDGE_MODES:
+        raise ValueError(f"local back end: judge_mode must be one of {list(JUDGE_MODES)}, got {mode!r}")
     model_dir = values.get("model_dir")
     if not model_dir:
         raise ValueError("local back end needs model_dir (a local Hugging Face model directory)")
@@ -110,7 +247,8 @@ def _check_local(values: Mapping[str, Any]) -> None:
 
 def _local(values: Mapping[str, Any]) -> LocalBackend:
     """`{'kind': 'local', 'model_dir': ..., 'tokenizer_dir': ... (default model_dir), 'dtype': 'bfloat16',
-    'max_batch': 16, 'max_output_tokens': None (a cap on every request's token budget)}`."""
+    'max_batch': 16, 'max_output_tokens': None (a cap on every request's token budget), 'judge_mode': 'scores'
+    (judges read score-token probabilities; 'json': they parse generated JSON)}`."""
     import jax.numpy as jnp
 
     from icml_jax.models import from_pretrained, load_tokenizer
@@ -121,7 +259,8 @@ def _local(values: Mapping[str, Any]) -> LocalBackend:
     return LocalBackend(model, tokenizer, seed=int(values.get("seed", 0)), top_p=float(values.get("top_p", 1.0)),
                         top_k=int(values.get("top_k", 0)), max_batch=int(values.get("max_batch", 16)),
                         max_output_tokens=(None if values.get("max_output_tokens") is None
-                                           else int(values["max_output_tokens"])))
+                                           else int(values["max_output_tokens"])),
+                        judge_mode=values.get("judge_mode") or DEFAULT_JUDGE_MODE)
 
 
 register_backend("local", _local, LOCAL_OPTIONS, check=_check_local)

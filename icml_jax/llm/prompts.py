@@ -25,6 +25,7 @@ from icml_jax.llm.types import (
     TASK_QUALITY_JUDGE,
     TASK_REPLY,
     LLMRequest,
+    ScoreRequest,
 )
 
 Dialogue = Sequence[tuple[str, str]]
@@ -122,7 +123,7 @@ PROXY_INSTRUCTION = (
 )
 
 QUALITY_SYSTEM = "You are a careful judge of conversations. You answer in JSON only. " + DATA_NOTE
-QUALITY_INSTRUCTION = (
+QUALITY_RATING = (  # the task and its dimensions, shared by the JSON and the score-token requests
     "Rate the assistant's reply on five dimensions, each an integer from 1 (poor) to 5 (excellent):\n"
     "- engagingness: is it interesting and does it invite the user to continue?\n"
     "- humanness: does it sound like a natural human conversational partner?\n"
@@ -130,7 +131,10 @@ QUALITY_INSTRUCTION = (
     "- consistency: does it agree with the dialogue and with what is known about the user?\n"
     "- memorability: does it correctly recall and use relevant information from past sessions when that helps "
     "(a reply that needed no memory and used none is a 3)?\n"
-    'Answer with a JSON object: {"reason": one short sentence, "engagingness": n, "humanness": n, '
+)
+QUALITY_INSTRUCTION = (
+    QUALITY_RATING
+    + 'Answer with a JSON object: {"reason": one short sentence, "engagingness": n, "humanness": n, '
     '"coherence": n, "consistency": n, "memorability": n}.'
 )
 
@@ -230,6 +234,25 @@ def reply_request(
     )
 
 
+def _proxy_prompt(instruction: str, turn_text: str, history: Dialogue, max_history_turns: int) -> str:
+    """The proxy judge's prompt body (shared by the JSON and the score-token requests)."""
+    return (
+        f"{instruction}\n\nRecent dialogue:\n{dialogue_block(history, max_history_turns)}\n\n"
+        f"The user's turn to rate:\n{user_turn_block('User', turn_text)}"
+    )
+
+
+def _quality_prompt(instruction: str, history: Dialogue, utterance: str, reply: str, memory: str | None,
+                    max_history_turns: int) -> str:
+    """The quality judge's prompt body (shared by the JSON and the score-token requests)."""
+    return (
+        f"{instruction}\n\nMemory the assistant was given about the user:\n{memory_block(memory)}\n\n"
+        f"Recent dialogue:\n{dialogue_block(history, max_history_turns)}\n\n"
+        f"The user's last message:\n{user_turn_block('User', utterance)}\n\n"
+        f"The assistant's reply to rate:\n{quote('reply', reply)}"
+    )
+
+
 def proxy_judge_request(
     turn_text: str,
     history: Dialogue = (),
@@ -240,10 +263,7 @@ def proxy_judge_request(
     metadata: Mapping[str, Any] | None = None,
 ) -> LLMRequest:
     """Ask for the information value in [0, 1] of a user turn (the proxy reward r_proxy)."""
-    prompt = (
-        f"{PROXY_INSTRUCTION}\n\nRecent dialogue:\n{dialogue_block(history, max_history_turns)}\n\n"
-        f"The user's turn to rate:\n{user_turn_block('User', turn_text)}"
-    )
+    prompt = _proxy_prompt(PROXY_INSTRUCTION, turn_text, history, max_history_turns)
     base: dict[str, Any] = {"turn_text": turn_text}
     if label is not None:
         base["label"] = float(label)
@@ -271,12 +291,7 @@ def quality_judge_request(
     metadata: Mapping[str, Any] | None = None,
 ) -> LLMRequest:
     """Ask for 1-5 scores of a reply on the five quality dimensions (the quality reward r_qual)."""
-    prompt = (
-        f"{QUALITY_INSTRUCTION}\n\nMemory the assistant was given about the user:\n{memory_block(memory)}\n\n"
-        f"Recent dialogue:\n{dialogue_block(history, max_history_turns)}\n\n"
-        f"The user's last message:\n{user_turn_block('User', utterance)}\n\n"
-        f"The assistant's reply to rate:\n{quote('reply', reply)}"
-    )
+    prompt = _quality_prompt(QUALITY_INSTRUCTION, history, utterance, reply, memory, max_history_turns)
     base: dict[str, Any] = {"utterance": utterance, "reply": reply, "memory": memory}
     if label_needed is not None:
         base["label_needed"] = list(label_needed)
@@ -290,6 +305,63 @@ def quality_judge_request(
         task=TASK_QUALITY_JUDGE,
         metadata=_md(base, metadata),
     )
+
+
+# Score-token judging (local back ends): the same rating text, answered by one digit 1-5 after a cue in the
+# assistant's turn; the judge reads the next-token probabilities of "1".."5" (G-Eval style), so it always answers.
+# No label, gold turn or reference reply goes into these requests: only what a deployed agent could see.
+SCORE_SYSTEM = ("You are a careful judge of conversations. You answer with a single digit from 1 to 5. "
+                + DATA_NOTE)
+PROXY_SCORE_INSTRUCTION = (
+    "Rate the information value of the user's turn below: how useful would it be for the assistant to remember it "
+    "in later sessions with this user? 1 = nothing worth remembering (greetings, small talk, generic questions); "
+    "3 = mildly useful or short-lived details; 5 = specific, lasting personal information (identity, family, "
+    "work, health, strong preferences, plans, important events). Answer with a single digit from 1 to 5."
+)
+QUALITY_SCORE_INSTRUCTION = (
+    QUALITY_RATING + "Answer with a single digit from 1 to 5 for the dimension named in your answer."
+)
+PROXY_SCORE_DIMENSION = "information value"
+
+
+def score_cue(dimension: str) -> str:
+    """The start of the assistant's answer after which the next token is the 1-5 score of `dimension`."""
+    return f"{dimension} score (1-5):"
+
+
+def proxy_score_request(
+    turn_text: str,
+    history: Dialogue = (),
+    *,
+    max_history_turns: int = 4,
+    metadata: Mapping[str, Any] | None = None,
+) -> ScoreRequest:
+    """The proxy judge by score tokens: information value 1-5 of a user turn (the judge maps it to [0, 1])."""
+    request = LLMRequest(
+        prompt=_proxy_prompt(PROXY_SCORE_INSTRUCTION, turn_text, history, max_history_turns),
+        system=SCORE_SYSTEM, max_output_tokens=1, temperature=0.0, task=TASK_PROXY_JUDGE,
+        metadata=dict(metadata or {}),
+    )
+    return ScoreRequest(request, (score_cue(PROXY_SCORE_DIMENSION),))
+
+
+def quality_score_request(
+    history: Dialogue,
+    utterance: str,
+    reply: str,
+    memory: str | None,
+    *,
+    dimensions: Sequence[str] = QUALITY_DIMENSIONS,
+    max_history_turns: int = 8,
+    metadata: Mapping[str, Any] | None = None,
+) -> ScoreRequest:
+    """The quality judge by score tokens: one cue per dimension on the same prompt (1-5 each)."""
+    request = LLMRequest(
+        prompt=_quality_prompt(QUALITY_SCORE_INSTRUCTION, history, utterance, reply, memory, max_history_turns),
+        system=SCORE_SYSTEM, max_output_tokens=1, temperature=0.0, task=TASK_QUALITY_JUDGE,
+        metadata=dict(metadata or {}),
+    )
+    return ScoreRequest(request, tuple(score_cue(d) for d in dimensions))
 
 
 PAIRWISE_JUDGE_SCHEMA: dict[str, Any] = {

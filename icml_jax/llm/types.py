@@ -133,6 +133,62 @@ class BackendError(RuntimeError):
         )
 
 
+# How a judge asks a back end for a verdict: "json" (generate text, parse a JSON object; every back end) or
+# "scores" (read the probabilities of the score tokens "1".."5" after a cue; back ends with `score`, e.g. local).
+JUDGE_MODE_JSON = "json"
+JUDGE_MODE_SCORES = "scores"
+JUDGE_MODES = (JUDGE_MODE_SCORES, JUDGE_MODE_JSON)
+SCORE_LEVELS = (1, 2, 3, 4, 5)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreRequest:
+    """A judge prompt scored by token probabilities: `request`'s system and prompt, then each cue in turn starts
+    the assistant's answer, and the next token is read over the levels "1".."5" (one verdict per cue)."""
+
+    request: LLMRequest
+    cues: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.cues:
+            raise ValueError(f"ScoreRequest (task {self.request.task!r}): needs at least one cue")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreResponse:
+    """Per cue: the distribution over levels 1..5 (normalised), its expected level, and the probability mass
+    the model put on the level tokens before normalising (how much it wanted to answer with a digit)."""
+
+    probs: tuple[tuple[float, ...], ...]
+    expected: tuple[float, ...]
+    mass: tuple[float, ...]
+    prompt_tokens: int = 0
+    latency_s: float = 0.0
+
+
+@runtime_checkable
+class ScoringBackend(Protocol):
+    """A back end that can also judge by score-token probabilities (`judge_mode` says whether judges should)."""
+
+    judge_mode: str
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResponse]:
+        """One ScoreResponse per request, in order, each with one entry per cue."""
+        ...
+
+
+def judge_mode_of(backend: Any) -> str:
+    """The judge mode a back end asks for: its `judge_mode`, or "json" for back ends without one (Gemini, offline)."""
+    mode = getattr(backend, "judge_mode", JUDGE_MODE_JSON)
+    if mode not in JUDGE_MODES:
+        raise ValueError(f"{getattr(backend, 'name', type(backend).__name__)} back end: judge_mode must be one of "
+                         f"{list(JUDGE_MODES)}, got {mode!r}")
+    if mode == JUDGE_MODE_SCORES and not callable(getattr(backend, "score", None)):
+        raise TypeError(f"{getattr(backend, 'name', type(backend).__name__)} back end: judge_mode 'scores' but no "
+                        "score() method")
+    return mode
+
+
 class MissingAPIKeyError(RuntimeError):
     """No API key in the environment for a back end that needs one."""
 
