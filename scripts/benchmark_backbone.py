@@ -175,6 +175,41 @@ def lora_overhead(model_dir: str, repeats: int) -> None:
         flops = forward_flops(base.config, rows, 64), forward_flops(base.config, rows, 64, lora_rank=8)
         print(f"LoRA forward overhead, {rows} x 64 tokens: plain {plain * 1e3:.0f} ms, LoRA r8 {lora * 1e3:.0f} ms, "
               f"+{lora / plain - 1:.1%} (adapter FLOPs +{flops[1] / flops[0] - 1:.1%})")
+    lora_backward(adapted, repeats)
+
+
+def lora_backward(model, repeats: int, rows: int = 36) -> None:
+    """Forward + backward to the adapters over `rows` x 64 tokens (a PPO minibatch of 4 slots: 4 Planner rows
+    and 4 x 8 Trigger options), with `lora.low_rank_product`'s hand-written VJP against JAX's own derivative of
+    the same two einsums (swapped in for this comparison only), interleaved."""
+    from icml_jax.models import lora
+    from icml_jax.models.flops import train_flops
+
+    graphdef, trainable, frozen, rest = nnx.split(model, lora.TRAINABLE, lora.FROZEN, ...)
+    tokens = jnp.asarray(np.random.RandomState(rows).randint(3, model.config.vocab_size, (rows, 64)), jnp.int32)
+
+    def loss(trainable, frozen, rest, tokens):
+        return jnp.sum(nnx.merge(graphdef, trainable, frozen, rest)(tokens, compute_logits=False).hidden ** 2)
+
+    hand = jax.jit(jax.grad(loss))
+    jax.block_until_ready(hand(trainable, frozen, rest, tokens))  # traced with the hand-written VJP
+    original = lora.low_rank_product  # an einsum keyword selects its plain two-einsum path (JAX differentiates)
+    lora.low_rank_product = lambda lora_str, x, a, b, **kw: original(lora_str, x, a, b, precision=None)
+    try:
+        auto = jax.jit(jax.grad(loss))
+        jax.block_until_ready(auto(trainable, frozen, rest, tokens))  # traced with the plain einsums
+    finally:
+        lora.low_rank_product = original
+    times = {"jax": [], "hand": []}
+    for _ in range(max(repeats, 3)):
+        for name, fn in (("jax", auto), ("hand", hand)):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(trainable, frozen, rest, tokens))
+            times[name].append(time.perf_counter() - start)
+    t_auto, t_hand = (statistics.median(times[k]) for k in ("jax", "hand"))
+    floor = train_flops(model.config, rows, 64, lora_rank=8) / matmul_peak(repeats)
+    print(f"LoRA forward + backward, {rows} x 64 tokens: JAX's derivative {t_auto:.2f} s, hand-written VJP "
+          f"{t_hand:.2f} s ({t_auto / t_hand:.2f}x); FLOP floor {floor:.2f} s (hand-written at {t_hand / floor:.2f}x)")
 
 
 def main() -> None:
