@@ -54,4 +54,6 @@ def test_train_flops_match_xla_on_unrolled_layers():
 
     xla = _xla_flops(jax.grad(loss), trainable, frozen, rest, tokens)
     ours = train_flops(model.config, ROWS, LENGTH, lora_rank=8)
-    assert 1.0 <= xla / ours <= 1.05, (xla, ours)  # 1.007 measured
+    # XLA adds the elementwise work and may leave out what the loss does not need; 0.9996 measured with LoRA's
+    # hand-written backward (1.007 with JAX's derivative of the same products)
+    assert 0.99 <= xla / ours <= 1.05, (xla, ours)
