@@ -129,7 +129,7 @@ class ChatModel:
 
 def load_model(workdir: str | Path) -> ChatModel:
     """Rebuilds the run's policies and tokenizer, restores the trained state and builds the reply back end."""
-    from icml_jax.agents.agent import AgentConfig
+    from icml_jax.agents.agent import LEARNER_KEYS, AgentConfig
     from icml_jax.agents.observation import ObservationConfig
     from icml_jax.llm.registry import make_backend
     from icml_jax.llm.types import MissingAPIKeyError
@@ -154,12 +154,9 @@ def load_model(workdir: str | Path) -> ChatModel:
         raise ChatError(restore_failure(workdir, checkpoint, exc)) from exc
     policies.eval()  # adapter dropout off
     world, learner = config.data.get("world") or {}, config.get("learner") or {}
-    agent_config = AgentConfig(
-        observation=ObservationConfig(**config.observation.to_dict()), greedy=True,
-        reply_temperature=float(learner.get("reply_temperature", 0.7)),
-        reply_max_tokens=int(learner.get("reply_max_tokens", 256)),
-        note_max_tokens=int(learner.get("note_max_tokens", 128)),
-        supersede_candidates=int(learner.get("supersede_candidates", 3)),
+    agent_config = AgentConfig.from_config(  # the chat's own rules: the learned policies always decide
+        {k: learner.get(k) for k in LEARNER_KEYS if k not in ("planner_rule", "trigger_rule")},
+        ObservationConfig(**config.observation.to_dict()), greedy=True,
         policy_version=str(meta.get("policy_version", checkpoint.name)))
     speakers = (str(world.get("user_speaker", "user")), str(world.get("assistant_speaker", "assistant")))
     try:  # a run written before config.limits existed gets the defaults

@@ -325,12 +325,7 @@ def _learner(config: ml_collections.ConfigDict):
     from icml_jax.rl.divergence import DivergenceConfig
     from icml_jax.rl.learner import LearnerConfig
 
-    agent = AgentConfig(observation=_observation(config), reply_temperature=config.learner.reply_temperature,
-                        reply_max_tokens=config.learner.reply_max_tokens,
-                        note_max_tokens=int(config.learner.get("note_max_tokens", 128)),
-                        planner_rule=config.learner.get("planner_rule", "policy"),
-                        trigger_rule=config.learner.get("trigger_rule", "policy"),
-                        supersede_candidates=int(config.learner.get("supersede_candidates", 3)))
+    agent = AgentConfig.from_config(config.learner, _observation(config))
     return LearnerConfig(ppo=_ppo(config), reward=_reward(config), agent=agent,
                          update_every=config.learner.update_every, seed=config.seed,
                          user_speaker=user_speaker(config), fresh_memory=config.learner.fresh_memory,

@@ -129,6 +129,18 @@ class AgentConfig:
                              f"trigger_rule {self.trigger_rule!r} not in {TRIGGER_RULES}")
 
 
+    @classmethod
+    def from_config(cls, learner: Any, observation: obs.ObservationConfig, **fields: Any) -> AgentConfig:
+        """The knobs a config's `learner` block sets (`LEARNER_KEYS`; a missing or null key keeps this dataclass's
+        default, so each default is defined here once) with `observation`; `fields` set the others (greedy,
+        policy_version)."""
+        block = learner if learner is not None else {}
+        picked = {k: block.get(k) for k in LEARNER_KEYS if block.get(k) is not None}
+        return cls(observation=observation, **picked, **fields)
+
+
+LEARNER_KEYS = ("reply_temperature", "reply_max_tokens", "note_max_tokens", "planner_rule", "trigger_rule",
+                "supersede_candidates")  # AgentConfig fields a config's `learner` block sets
 PLANNER_RULES = ("policy", "save_all")
 TRIGGER_RULES = ("policy", "lexical")
 _NO_TOKENS = np.zeros((0,), np.int32)

@@ -216,3 +216,23 @@ def test_a_single_users_decisions_run_one_row_and_batches_pad_to_the_next_power_
     assert rows == {"trigger": [1], "planner": [1]}
     agent.step_many([TurnInput(u, "hello there", episode_id="e2") for u in ("a", "b", "c")])
     assert rows == {"trigger": [1, 4], "planner": [1, 4]}
+
+
+def test_agent_config_from_a_learner_block_takes_each_missing_key_from_the_dataclass():
+    """`AgentConfig.from_config`: configs/base.py's learner block gives exactly the dataclass defaults, and a block
+    without (or with null) keys takes them from the dataclass: each default is defined once."""
+    import dataclasses
+
+    from icml_jax.agents.agent import LEARNER_KEYS
+    from tests.config_files import load_config
+
+    base = load_config("base").learner
+    defaults = AgentConfig()
+    assert {k: base[k] for k in LEARNER_KEYS} == {k: getattr(defaults, k) for k in LEARNER_KEYS}
+    view = ObservationConfig(max_length=64, min_length_bucket=16)
+    assert AgentConfig.from_config({}, view) == dataclasses.replace(defaults, observation=view)
+    assert AgentConfig.from_config(None, view, greedy=True).greedy
+    got = AgentConfig.from_config({"reply_max_tokens": 9, "note_max_tokens": None}, view)
+    assert (got.reply_max_tokens, got.note_max_tokens) == (9, defaults.note_max_tokens)
+    with pytest.raises(ValueError, match="supersede_candidates must be an int >= 0"):
+        AgentConfig.from_config({"supersede_candidates": -1}, view)
