@@ -6,7 +6,6 @@ Unusable models fail before anything is scored: a layer the encoder lacks, a GPT
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -18,8 +17,9 @@ from icml_jax import evaluate as ev
 from icml_jax.agents import tiny
 from icml_jax.evaluation.model_metrics import (bertscore_f1, check_bertscore_model, check_mauve_model,
                                                last_token_features, load_mauve_featurizer, mauve_score)
-from icml_jax.models import ModelConfigError, fetch
+from icml_jax.models import ModelConfigError
 from icml_jax.models.decoder import Decoder
+from tests.fetched import fetched_dir
 from tests.models import hf_fixtures
 
 MINILM = "all-minilm-l6-v2"
@@ -105,21 +105,10 @@ def test_mauve_is_high_for_one_distribution_and_low_for_separated_ones():
         mauve_score(p, q[:, :4])
 
 
-def minilm_dir():
-    """The fetched all-MiniLM-L6-v2 directory; skipped outside CI with the fetch command, failed in CI."""
-    directory = fetch.model_dir(MINILM)
-    if (directory / "config.json").is_file() and (directory / "model.safetensors").is_file():
-        return directory
-    reason = f"{MINILM} is not fetched in {directory}; run `{fetch.fetch_command(MINILM)}`"
-    if os.environ.get("CI") == "true":
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
 def test_bertscore_on_minilm_equals_bert_score_called_directly():
     from bert_score import score
 
-    path = minilm_dir()
+    path = fetched_dir(MINILM)
     replies, refs = [p[0] for p in MINILM_PAIRS], [p[1] for p in MINILM_PAIRS]
     got = bertscore_f1(replies, refs, model_path=path, layer=MINILM_LAYER)
     _, _, f1 = score(replies, refs, model_type=str(path), num_layers=MINILM_LAYER, idf=False,

@@ -10,7 +10,6 @@ module); sentence-transformers itself is not installed.
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import jax
@@ -21,7 +20,8 @@ import torch
 import transformers
 from safetensors.numpy import load_file, save_file
 
-from icml_jax.models import CheckpointError, ModelConfigError, encoder, fetch
+from icml_jax.models import CheckpointError, ModelConfigError, encoder
+from tests.fetched import fetched_dir
 from tests.models import bert_fixtures as B
 
 TOL = 1e-4
@@ -257,17 +257,6 @@ def test_ids_outside_the_vocabulary_are_refused(tiny):
 # --- the real all-MiniLM-L6-v2 -------------------------------------------------------------------------------
 
 MINILM = "all-minilm-l6-v2"
-
-
-def fetched_dir(name: str):
-    """The cached directory of `name`; skipped outside CI with the fetch command, failed in CI."""
-    directory = fetch.model_dir(name)
-    if fetch.is_converted(directory, name):
-        return directory
-    reason = f"{name} is not fetched in {directory}; run `{fetch.fetch_command(name)}`"
-    if os.environ.get("CI") == "true":
-        pytest.fail(reason)
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")

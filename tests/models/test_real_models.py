@@ -9,7 +9,6 @@ Outside CI a model that is not converted yet is skipped with the fetch command i
 
 from __future__ import annotations
 
-import os
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +19,7 @@ import transformers
 from flax import nnx
 
 from icml_jax.models import apply_chat_template, fetch, from_pretrained, generate_tokens, load_tokenizer
+from tests.fetched import fetched_dir
 
 LOGIT_TOL = 5e-4
 NEW_TOKENS = 64
@@ -32,17 +32,6 @@ CHATS = [  # five chat prompts: logits and greedy continuations, as one left-pad
     [{"role": "user", "content": "Give me three tips for staying focused while studying."}],
     [{"role": "user", "content": "Translate 'good morning' into Spanish."}],
 ]
-
-
-def converted_dir(name: str):
-    """The cached conversion of `name`; skipped outside CI with the fetch command, failed in CI."""
-    directory = fetch.model_dir(name)
-    if fetch.is_converted(directory, name):
-        return directory
-    reason = f"{name} is not converted in {directory}; run `{fetch.fetch_command(name)}`"
-    if os.environ.get("CI") == "true":
-        pytest.fail(reason)
-    pytest.skip(reason)
 
 
 def diary_chat(days: int) -> list[dict[str, str]]:
@@ -75,7 +64,7 @@ class Real:
 
     def __init__(self, name: str):
         self.name = name
-        self.directory = converted_dir(name)
+        self.directory = fetched_dir(name)
         self.gguf_file = fetch.source(name).gguf_file
         self.ours = from_pretrained(self.directory)
         self.tokenizer = load_tokenizer(self.directory)

@@ -18,9 +18,10 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer(directory: Path) -> transformers.PreTrainedTokenizerFast:
-    """Saves the tokenizer to `directory` (ids: specials 0..5, then words) and returns it."""
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + sorted(set(WORDS)))}
+def build_tokenizer(directory: Path, extra_words: tuple[str, ...] = ()) -> transformers.PreTrainedTokenizerFast:
+    """Saves the tokenizer to `directory` (ids: specials 0..5, then the words and `extra_words`, sorted) and
+    returns it."""
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + sorted(set(WORDS) | set(extra_words)))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
