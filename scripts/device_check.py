@@ -135,7 +135,6 @@ def backbone_rows(name: str, hf: dict, sizes: Sizes, dtype, peak: float) -> None
             ref, ratio = f"{batch * new / t_theirs:.1f} tok/s", f"{t_theirs / t_ours:.2f}x"
         row(f"{name} decode b{batch}, {prompt} + {new} new", f"{batch * new / t_ours:.1f} tok/s", ref, ratio,
             "end to end (prefill included)")
-    del ours, theirs
 
 
 def policies_on(hf: dict, dtype, rank: int = 8):
