@@ -8,9 +8,10 @@ Every process of a multi-host run calls these functions (arrays are gathered col
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
-import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +25,10 @@ from jax.experimental import multihost_utils
 from icml_jax import parallel
 from icml_jax.models import hf_layout, lora
 from icml_jax.models.decoder import LAYERS
-from icml_jax.models.safetensors_io import SafetensorsFile
+from icml_jax.models.safetensors_io import SafetensorsFile, TensorSpec, write_safetensors, write_tensors
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json")
-_DTYPE_CODES = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
-                np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.int64): "I64", np.dtype(np.int32): "I32",
-                np.dtype(np.int16): "I16", np.dtype(np.int8): "I8", np.dtype(np.uint8): "U8",
-                np.dtype(np.bool_): "BOOL"}
 _HF_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(ml_dtypes.bfloat16): "bfloat16",
                    np.dtype(np.float16): "float16"}
 ADAPTER_FILE = "adapters.safetensors"
@@ -43,27 +40,6 @@ def to_host(x: jax.Array) -> np.ndarray:
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(x)
-
-
-def write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
-    """Writes a safetensors file from NumPy arrays (bfloat16 included, which safetensors' NumPy API rejects)."""
-    header: dict[str, Any] = {"__metadata__": dict(metadata or {})}
-    offset = 0
-    for name, array in tensors.items():
-        code = _DTYPE_CODES.get(array.dtype)
-        if code is None:
-            raise ValueError(f"tensor {name!r}: dtype {array.dtype} cannot be written to safetensors")
-        header[name] = {"dtype": code, "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
-        offset += array.nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        for array in tensors.values():
-            f.write(np.ascontiguousarray(array).tobytes())
-    tmp.replace(path)
 
 
 def hf_config_for_export(hf: dict[str, Any], dtype_name: str) -> dict[str, Any]:
@@ -134,32 +110,38 @@ def export_hf(
     names = {path: [hf_layout.full_name(n, "model.") for n in (
         hf_layout.layer_names(table[path][0], layers) if hf_layout.is_stacked(path) else [table[path][0]])]
         for path in params}
-    sizes = [(name, int(np.prod(v.shape)) * np_dtype.itemsize // len(names[p])) for p, v in params.items()
-             for name in names[p]]
+    specs = [TensorSpec(name, np_dtype, hf_layout.hf_shape(table[p][1], v.shape[1:] if hf_layout.is_stacked(p)
+                                                           else v.shape))
+             for p, v in params.items() for name in names[p]]
+    sizes = [(spec.name, spec.nbytes) for spec in specs]
     shards = _plan_shards(sizes, max_shard_bytes)
     files = (["model.safetensors"] if len(shards) == 1 else
              [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
-    file_of = {name: files[i] for i, shard in enumerate(shards) for name in shard}
+
+    def hf_tensors() -> Iterator[np.ndarray]:
+        """Each HF tensor in `specs` order, merged, gathered (on every process) and laid out one at a time."""
+        for path, value in lora.iter_merged_params(model):
+            array = to_host(value).astype(np_dtype)
+            for piece in (list(array) if hf_layout.is_stacked(path) else [array]):
+                yield hf_layout.ours_to_hf(table[path][1], piece)
 
     writer = jax.process_index() == 0
     if writer:
         out_dir.mkdir(parents=True, exist_ok=True)
         for stale in list(out_dir.glob("model*.safetensors")) + list(out_dir.glob("model.safetensors.index.json")):
             stale.unlink()
-    pending: dict[str, np.ndarray] = {}
-    current = files[0]
-    for path, value in lora.iter_merged_params(model):
-        array = to_host(value).astype(np_dtype)
-        pieces = list(array) if hf_layout.is_stacked(path) else [array]
-        for name, piece in zip(names[path], pieces, strict=True):
-            if file_of[name] != current:
-                if writer:
-                    write_safetensors(out_dir / current, pending, {"format": "pt"})
-                pending, current = {}, file_of[name]
-            pending[name] = np.ascontiguousarray(hf_layout.ours_to_hf(table[path][1], piece))
+    produced, start = hf_tensors(), 0
+    for file, shard in zip(files, shards, strict=True):
+        pieces = itertools.islice(produced, len(shard))
+        if writer:
+            write_safetensors(out_dir / file, specs[start:start + len(shard)], pieces, {"format": "pt"})
+        else:  # the other processes take part in every gather and write nothing
+            for _ in pieces:
+                pass
+        start += len(shard)
     if writer:
-        write_safetensors(out_dir / current, pending, {"format": "pt"})
         if len(files) > 1:
+            file_of = {name: files[i] for i, shard in enumerate(shards) for name in shard}
             index = {"metadata": {"total_size": sum(s for _, s in sizes)},
                      "weight_map": {name: file_of[name] for name, _ in sizes}}
             (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
@@ -199,8 +181,8 @@ def save_adapters(model: nnx.Module, directory: str | Path) -> Path:
     directory = Path(directory)
     if jax.process_index() == 0:
         directory.mkdir(parents=True, exist_ok=True)
-        write_safetensors(directory / ADAPTER_FILE, tensors,
-                          {"format": ADAPTER_FORMAT, "lora_config": json.dumps(config.to_dict())})
+        write_tensors(directory / ADAPTER_FILE, tensors,
+                      {"format": ADAPTER_FORMAT, "lora_config": json.dumps(config.to_dict())})
     return directory / ADAPTER_FILE
 
 
@@ -222,8 +204,6 @@ def _adapter_path(directory: str | Path) -> Path:
 def _read_metadata(path: Path) -> dict[str, str]:
     """The adapter file's safetensors metadata (its header checked against the file first: a damaged length
     field is an error naming the file, not a huge allocation)."""
-    from icml_jax.models.safetensors_io import SafetensorsFile
-
     meta = SafetensorsFile(path).metadata
     if meta.get("format") != ADAPTER_FORMAT:
         raise ValueError(f"{path} is not an icml_jax adapter file (format {meta.get('format')!r})")

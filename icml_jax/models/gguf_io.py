@@ -16,13 +16,15 @@ import json
 import math
 import re
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
 import transformers
+
+from icml_jax.models.safetensors_io import TensorSpec, write_safetensors
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
@@ -309,27 +311,17 @@ def plan_tensors(reader: gguf.GGUFReader, config: dict[str, Any], arch: str, pat
 
 
 def write_safetensors_streamed(path: Path, plans: Sequence[TensorPlan], metadata: dict[str, str]) -> None:
-    """Writes float32 tensors one at a time (header first, from the known shapes), so memory holds one tensor."""
-    header: dict[str, Any] = {"__metadata__": metadata}
-    offset = 0
-    for plan in plans:
-        nbytes = 4 * math.prod(plan.shape)
-        header[plan.hf_name] = {"dtype": "F32", "shape": list(plan.shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
+    """Writes the planned tensors as float32, dequantizing and fixing one at a time, so memory holds one tensor."""
+    def arrays() -> Iterator[np.ndarray]:
         for plan in plans:
             array = dequantize(plan.source)
             if plan.fix is not None:
                 array = plan.fix(array)
             if array.shape != plan.shape:
                 raise GGUFError(f"tensor {plan.source.name!r}: got shape {array.shape}, expected {plan.shape}")
-            f.write(np.ascontiguousarray(array, dtype="<f4").tobytes())
-    tmp.replace(path)
+            yield array
+
+    write_safetensors(path, [TensorSpec(p.hf_name, np.float32, p.shape) for p in plans], arrays(), metadata)
 
 
 def build_tokenizer(path: Path, chat_template: str | None) -> transformers.PreTrainedTokenizerFast:

@@ -1,18 +1,21 @@
-"""Memory-mapped reading of (possibly sharded) safetensors checkpoints as NumPy arrays, bfloat16 included.
+"""Safetensors files as NumPy arrays, bfloat16 included: memory-mapped reading of (possibly sharded) checkpoints,
+and the one streaming, atomic writer every exported or converted file goes through.
 
-`safetensors`' own NumPy back end cannot return bfloat16 (0.8: "data type 'bfloat16' not understood"), and its
-Flax back end copies every tensor onto the default device, which defeats sharded loading. The file format is a
+`safetensors`' own NumPy back end cannot return or save bfloat16 (0.8: "data type 'bfloat16' not understood"), and
+its Flax back end copies every tensor onto the default device, which defeats sharded loading. The file format is a
 length-prefixed JSON header followed by raw little-endian buffers, so we map the file and view each tensor
-with `ml_dtypes`; nothing is read until a tensor is asked for.
+with `ml_dtypes`; nothing is read until a tensor is asked for. Writing, the header is made from the tensors'
+names, dtypes and shapes alone, so each tensor's data can be produced, written and dropped one at a time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ _DTYPES = {
     "U8": np.uint8,
     "BOOL": np.bool_,
 }
+_CODES = {np.dtype(dtype): code for code, dtype in _DTYPES.items()}
 
 
 MAX_HEADER_BYTES = 100_000_000  # the `safetensors` library refuses larger headers too
@@ -183,3 +187,94 @@ class Checkpoint:
 
     def get(self, name: str) -> np.ndarray:
         return self._files[self._where[name]].get(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One tensor's header entry, known before its data: so the writer can put the header first and then stream."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        """Normalises dtype and shape; a dtype safetensors cannot hold is a ValueError naming the tensor."""
+        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if self.dtype not in _CODES:
+            raise ValueError(f"tensor {self.name!r}: dtype {self.dtype} cannot be written to safetensors "
+                             f"(supported: {', '.join(str(d) for d in _CODES)})")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor's data in the file."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def safetensors_header(specs: Sequence[TensorSpec], metadata: Mapping[str, str] | None = None) -> bytes:
+    """The length-prefixed JSON header of a file holding `specs` in order (padded to 8 bytes with spaces)."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata or {})}
+    offset = 0
+    for spec in specs:
+        if spec.name in header:
+            raise ValueError(f"tensor name {spec.name!r} appears twice (or is the reserved '__metadata__')")
+        header[spec.name] = {"dtype": _CODES[spec.dtype], "shape": list(spec.shape),
+                             "data_offsets": [offset, offset + spec.nbytes]}
+        offset += spec.nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    return struct.pack("<Q", len(blob)) + blob
+
+
+def write_safetensors(path: str | Path, specs: Sequence[TensorSpec], arrays: Iterable[np.ndarray],
+                      metadata: Mapping[str, str] | None = None) -> Path:
+    """Writes `path` from the header `specs` and then `arrays` (one per spec, in order), holding one array at a time.
+
+    `arrays` may be a generator producing each tensor when asked (dequantized, merged, gathered). Each array must
+    have its spec's shape and a dtype that casts to the spec's within its kind; a wrong shape, dtype or count is a
+    ValueError naming the tensor and the file. The file is written to a temporary name beside `path` and renamed
+    over it when complete, so a failure (or a kill) leaves the old file or none, never half of one."""
+    path = Path(path)
+    specs = list(specs)
+    head = safetensors_header(specs, metadata)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(head)
+            f.flush()  # on disk before the first array is produced (and after each one): nothing piles up
+            produced = iter(arrays)
+            for count, spec in enumerate(specs):
+                array = next(produced, None)
+                if array is None:
+                    raise ValueError(f"{path}: no data for tensor {spec.name!r} (only {count} arrays for "
+                                     f"{len(specs)} tensors)")
+                f.write(_tensor_bytes(path, spec, array))
+                f.flush()
+            if next(produced, None) is not None:
+                raise ValueError(f"{path}: more arrays than the {len(specs)} tensors of the header")
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_tensors(path: str | Path, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None
+                  ) -> Path:
+    """Writes a dict of arrays already in memory (adapters, test fixtures) through `write_safetensors`."""
+    arrays = {name: np.asarray(a) for name, a in tensors.items()}
+    specs = [TensorSpec(name, a.dtype, a.shape) for name, a in arrays.items()]
+    return write_safetensors(path, specs, arrays.values(), metadata)
+
+
+def _tensor_bytes(path: Path, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
+    """`array` as the bytes of `spec`'s little-endian buffer (a uint8 view, no copy when it already fits); a
+    mismatch is a ValueError naming the tensor and the file."""
+    array = np.asarray(array)
+    if tuple(array.shape) != spec.shape:
+        raise ValueError(f"{path}: tensor {spec.name!r} has shape {tuple(array.shape)}, its header says {spec.shape}")
+    if not np.can_cast(array.dtype, spec.dtype, casting="same_kind"):
+        raise ValueError(f"{path}: tensor {spec.name!r} has dtype {array.dtype}, its header says {spec.dtype}")
+    data = np.ascontiguousarray(array, dtype=spec.dtype.newbyteorder("<"))
+    return data.reshape(-1).view(np.uint8)

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from icml_jax.models import CheckpointError, ModelConfigError, encoder
+from icml_jax.models.safetensors_io import write_tensors
 from tests.fetched import fetched_dir
 from tests.models import bert_fixtures as B
 
@@ -186,7 +187,7 @@ def _rewrite(directory, change) -> str:
     path = directory / "model.safetensors"
     tensors = dict(load_file(path))
     change(tensors)
-    save_file(tensors, path)
+    write_tensors(path, tensors)
     return str(path)
 
 

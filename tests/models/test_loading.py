@@ -8,12 +8,11 @@ import shutil
 import jax
 import numpy as np
 import pytest
-import safetensors.numpy
 from flax import nnx
 
 from icml_jax.models import ModelConfig, abstract_model, from_pretrained
 from icml_jax.models.presets import PRESETS, preset
-from icml_jax.models.safetensors_io import Checkpoint
+from icml_jax.models.safetensors_io import Checkpoint, write_tensors
 from tests.models import hf_fixtures as F
 
 
@@ -30,7 +29,7 @@ def rewrite(src, dst, edit):
     ckpt = Checkpoint(dst)
     tensors = {k: np.array(ckpt.get(k), dtype=np.float32) for k in ckpt.keys()}
     (dst / "model.safetensors").unlink()
-    safetensors.numpy.save_file(edit(tensors), dst / "model.safetensors")
+    write_tensors(dst / "model.safetensors", edit(tensors))
 
 
 def test_missing_tensor_is_named(qwen_dir, tmp_path):
