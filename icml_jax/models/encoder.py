@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from icml_jax.models import hf_layout
-from icml_jax.models.config import ConfigKeys, ModelConfigError
+from icml_jax.models.config_keys import ConfigKeys, ModelConfigError
 from icml_jax.models.loading import read_params
 from icml_jax.models.decoder import EMBED, HEAD_DIM, HEADS, MLP_AXIS, VOCAB, stack_blocks
 from icml_jax.models.safetensors_io import Checkpoint, CheckpointError, CheckpointNotFoundError

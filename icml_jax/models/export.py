@@ -23,7 +23,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from icml_jax import parallel
-from icml_jax.models import hf_layout, lora
+from icml_jax.models import families, hf_layout, lora
 from icml_jax.models.decoder import LAYERS
 from icml_jax.models.safetensors_io import SafetensorsFile, TensorSpec, write_safetensors, write_tensors
 
@@ -43,15 +43,9 @@ def to_host(x: jax.Array) -> np.ndarray:
 
 
 def hf_config_for_export(hf: dict[str, Any], dtype_name: str) -> dict[str, Any]:
-    """The config.json of the exported causal LM: the base one with `dtype` set; Gemma3 multimodal -> text tower."""
-    hf = json.loads(json.dumps(hf))
-    if hf.get("model_type") == "gemma3":  # we export the text decoder only
-        text = dict(hf["text_config"])
-        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            if text.get(key) is None and hf.get(key) is not None:
-                text[key] = hf[key]
-        text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", True))
-        hf = {**text, "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"]}
+    """The config.json of the exported causal LM: the base one with `dtype` set, as its family exports it (Gemma3
+    multimodal -> its text tower)."""
+    hf = families.export_config(json.loads(json.dumps(hf)))
     hf["dtype"] = dtype_name
     if "torch_dtype" in hf:
         hf["torch_dtype"] = dtype_name

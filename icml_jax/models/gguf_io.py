@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 import struct
 from collections.abc import Callable, Iterator, Sequence
@@ -24,49 +23,21 @@ import gguf
 import numpy as np
 import transformers
 
+from icml_jax.models import families
+from icml_jax.models.families.base import GGUFSpec
+from icml_jax.models.gguf_common import GGUFError, GGUFMeta, GGUFSource
 from icml_jax.models.safetensors_io import TensorSpec, write_safetensors
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
-_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
-_HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-               "gemma3": "Gemma3ForCausalLM"}
-# llama.cpp stores no layer pattern for Gemma3 and hard-codes it: every 6th layer is global (llama-model.cpp).
-GEMMA3_SLIDING_PATTERN = 6
-# ... and the base frequency of the sliding-window layers' rope.
-GEMMA3_LOCAL_ROPE_THETA = 10000.0
+__all__ = ["ARCHITECTURES", "GGUFError", "TensorPlan", "build_tokenizer", "convert", "dequantize", "hf_config",
+           "open_gguf", "plan_tensors", "read_metadata", "write_safetensors_streamed"]
+
+ARCHITECTURES = tuple(families.BY_GGUF_ARCH)  # llama.cpp's general.architecture values we convert
 # Tokenizer pre-splits llama.cpp knows that transformers' GGUF converter does not: name -> backend pre-tokenizer.
 _DIGIT_SPLIT_PRES = ("smollm",)  # `\p{N}` first (digits one by one), then GPT-2's byte-level regex
 
-_BLOCK_NAMES = {  # GGUF name inside `blk.N.` -> HF name inside `model.layers.N.`
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.bias": "self_attn.o_proj.bias",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",  # Llama/Qwen: the norm before the MLP
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_GEMMA3_BLOCK_NAMES = {  # Gemma3's four norms per block
-    **_BLOCK_NAMES,
-    "post_attention_norm.weight": "post_attention_layernorm.weight",
-    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
-    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
-}
 _TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
               "output.weight": "lm_head.weight"}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(.+)")
-
-
-class GGUFError(ValueError):
-    """A GGUF file that cannot be converted; the message names the file and the tensor or key."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,99 +82,17 @@ def dequantize(tensor: Any) -> np.ndarray:
     return np.asarray(values, dtype=np.float32).reshape(shape)
 
 
-def unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
-    """Undoes llama.cpp's q/k row permutation: per head it interleaves the two rotary halves, HF keeps them split."""
-    rows = weight.shape[0]
-    if rows % (2 * num_heads):
-        raise GGUFError(f"cannot un-permute {rows} rows over {num_heads} heads")
-    half = rows // num_heads // 2
-    return weight.reshape(num_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
-
-
 def _round_f32(value: float) -> float:
     """The shortest decimal of a float32 metadata value (9.999999747378752e-06 -> 1e-05), as HF configs write it."""
     return float(str(np.float32(value)))
 
 
-class _Meta:
-    """Typed access to one architecture's metadata keys; a missing required key names the file and key."""
-
-    def __init__(self, meta: dict[str, Any], arch: str, path: Path):
-        self.meta, self.arch, self.path = meta, arch, path
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """`<arch>.<key>` or `default`."""
-        return self.meta.get(f"{self.arch}.{key}", default)
-
-    def need(self, key: str) -> Any:
-        """`<arch>.<key>`, which the file must have."""
-        full = f"{self.arch}.{key}"
-        if full not in self.meta:
-            raise GGUFError(f"{self.path}: metadata key {full!r} is missing")
-        return self.meta[full]
-
-    def uniform(self, key: str, default: Any = None) -> Any:
-        """A per-model value that some files store per layer; differing per-layer values are unsupported."""
-        value = self.get(key, default) if default is not None else self.need(key)
-        if isinstance(value, list):
-            if len(set(value)) != 1:
-                raise GGUFError(f"{self.path}: {self.arch}.{key} differs between layers ({value}); unsupported")
-            value = value[0]
-        return value
-
-
-def llama3_rope_from_factors(factors: np.ndarray, theta: float, head_dim: int) -> dict[str, Any]:
-    """Llama-3 rope scaling parameters that reproduce llama.cpp's `rope_freqs` factors (inverse of its formula).
-
-    Each factor divides one rotary frequency: 1 for short wavelengths, `factor` for long ones, a smooth blend
-    between. Only the ratios of (original context, low, high) matter, so low_freq_factor is taken as 1; where
-    too few frequencies fall in the blend to pin the rest down, any parameters giving the same factors do.
-    """
-    factors = np.asarray(factors, np.float64)
-    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    if factors.shape != inv.shape:
-        raise GGUFError(f"rope_freqs has {factors.size} factors for head_dim {head_dim} (expected {inv.size})")
-    factor = float(factors.max())
-    wavelen = 2 * math.pi / inv
-    unscaled, scaled = factors <= 1 + 1e-6, factors >= factor * (1 - 1e-6)
-    blend = ~unscaled & ~scaled
-    # s = (orig/wavelen - low)/(high - low) from 1/f = (1 - s)/factor + s; s is linear in 1/wavelen.
-    s = (1.0 / factors[blend] - 1.0 / factor) / (1.0 - 1.0 / factor)
-    candidates = [(8192.0, 1.0, 4.0)]  # Meta's published values
-    if blend.sum() >= 2:
-        slope, intercept = np.polyfit(1.0 / wavelen[blend], s, 1)
-        if intercept < 0 < slope:
-            span = -1.0 / intercept  # high - low, with low = 1
-            candidates.append((float(slope * span), 1.0, float(1.0 + span)))
-    else:  # 0 or 1 blend points leave a degree of freedom: try common high/low ratios
-        for high in (4.0, 2.0, 8.0, 3.0, 6.0, 1.5, 16.0):
-            if blend.any():
-                candidates.append((float(wavelen[blend][0] * (1 + s[0] * (high - 1))), 1.0, high))
-            elif scaled.any():  # no blend: the boundary just below the shortest scaled wavelength
-                candidates.append((float(math.floor(wavelen[scaled].min() - 1e-9)), 1.0, high))
-    for orig, low, high in candidates:
-        params = dict(rope_type="llama3", rope_theta=theta, factor=factor, low_freq_factor=low,
-                      high_freq_factor=high, original_max_position_embeddings=int(round(orig)))
-        if np.allclose(_llama3_factors(params, wavelen), factors, rtol=1e-5, atol=1e-6):
-            return params
-    raise GGUFError("rope_freqs factors do not follow Llama-3 rope scaling; unsupported")
-
-
-def _llama3_factors(params: dict[str, Any], wavelen: np.ndarray) -> np.ndarray:
-    """The per-frequency divisors llama.cpp writes for Llama-3 rope scaling."""
-    orig = params["original_max_position_embeddings"]
-    low, high, factor = params["low_freq_factor"], params["high_freq_factor"], params["factor"]
-    smooth = (orig / wavelen - low) / (high - low)
-    blended = 1.0 / ((1 - smooth) / factor + smooth)
-    return np.where(wavelen < orig / high, 1.0, np.where(wavelen > orig / low, factor, blended))
-
-
 def hf_config(meta: dict[str, Any], tensors: dict[str, Any], path: Path) -> dict[str, Any]:
-    """The transformers config dict of a GGUF file, from its metadata and tensor shapes."""
+    """The transformers config dict of a GGUF file, from its metadata and tensor shapes (the keys every
+    architecture shares here, its family's in `GGUFSpec.config`)."""
     arch = meta.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise GGUFError(f"{path}: architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
-    m = _Meta(meta, arch, path)
+    spec = _spec(arch, path)
+    m = GGUFMeta(meta, arch, path)
     hidden = int(m.need("embedding_length"))
     heads = int(m.uniform("attention.head_count"))
     kv_heads = int(m.uniform("attention.head_count_kv", heads))
@@ -220,8 +109,8 @@ def hf_config(meta: dict[str, Any], tensors: dict[str, Any], path: Path) -> dict
         rope = {"rope_type": "linear", "rope_theta": theta, "factor": float(m.need("rope.scaling.factor"))}
     eos = meta.get("tokenizer.ggml.eos_token_id")
     config: dict[str, Any] = {
-        "model_type": _MODEL_TYPES[arch],
-        "architectures": [_HF_CLASSES[arch]],
+        "model_type": spec.model_type,
+        "architectures": [spec.hf_class],
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": int(m.uniform("feed_forward_length")),
@@ -237,51 +126,21 @@ def hf_config(meta: dict[str, Any], tensors: dict[str, Any], path: Path) -> dict
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
         "dtype": "float32",
     }
-    if arch in ("llama", "qwen2", "qwen3"):
-        if "rope_freqs.weight" in tensors:
-            if arch != "llama" or scaling != "none":
-                raise GGUFError(f"{path}: rope_freqs.weight is only supported as Llama-3 rope scaling")
-            rope = llama3_rope_from_factors(dequantize(tensors["rope_freqs.weight"]), theta, head_dim)
-        config.update(hidden_act="silu", rope_parameters=rope)
-        if arch == "llama":
-            bias = "blk.0.attn_q.bias" in tensors
-            if bias != ("blk.0.attn_output.bias" in tensors):
-                raise GGUFError(f"{path}: llama file with q/k/v biases but no output bias (or the reverse)")
-            config.update(attention_bias=bias, mlp_bias=False)
-        if arch == "qwen3":
-            config.update(attention_bias="blk.0.attn_q.bias" in tensors)
-        if arch == "qwen2":
-            config.pop("head_dim")  # Qwen2 derives it from hidden_size / heads
-            if head_dim != hidden // heads:
-                raise GGUFError(f"{path}: qwen2 head_dim {head_dim} != hidden_size / heads")
-    if arch == "gemma3":
-        layers = config["num_hidden_layers"]
-        pattern = m.get("attention.sliding_window_pattern")
-        if isinstance(pattern, list):  # newer files: one flag per layer
-            layer_types = ["sliding_attention" if p else "full_attention" for p in pattern]
-        else:
-            every = int(pattern or GEMMA3_SLIDING_PATTERN)
-            layer_types = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(layers)]
-        local = {"rope_type": "default", "rope_theta": float(m.get("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_THETA))}
-        # The scale of q.k is not stored; llama.cpp uses hidden/heads for the 27B model (62 layers), else head_dim.
-        scalar = hidden // heads if layers == 62 else head_dim
-        config.update(
-            hidden_activation="gelu_pytorch_tanh",
-            sliding_window=int(m.need("attention.sliding_window")),
-            layer_types=layer_types,
-            rope_parameters={"full_attention": rope, "sliding_attention": local},
-            query_pre_attn_scalar=scalar,
-            final_logit_softcapping=m.get("final_logit_softcapping"),
-            attn_logit_softcapping=m.get("attn_logit_softcapping"),
-            use_bidirectional_attention=False,
-        )
-    return config
+    return spec.config(GGUFSource(m, tensors, lambda name: dequantize(tensors[name])), config, rope)
+
+
+def _spec(arch: Any, path: Path) -> GGUFSpec:
+    """The GGUF mapping of architecture `arch`; GGUFError naming the file and the supported ones if none has it."""
+    family = families.BY_GGUF_ARCH.get(arch) if arch in ARCHITECTURES else None
+    if family is None or family.gguf is None:
+        raise GGUFError(f"{path}: architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
+    return family.gguf
 
 
 def plan_tensors(reader: gguf.GGUFReader, config: dict[str, Any], arch: str, path: Path) -> list[TensorPlan]:
     """Maps every GGUF tensor to its HF name and fix-up; an unknown tensor is a GGUFError naming it."""
-    block_names = _GEMMA3_BLOCK_NAMES if arch == "gemma3" else _BLOCK_NAMES
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    spec = _spec(arch, path)
+    block_names = spec.block_names
     plans, seen = [], {}
     for tensor in reader.tensors:
         name = tensor.name
@@ -299,12 +158,7 @@ def plan_tensors(reader: gguf.GGUFReader, config: dict[str, Any], arch: str, pat
         if hf_name in seen:
             raise GGUFError(f"{path}: tensors {seen[hf_name]!r} and {name!r} both map to {hf_name!r}")
         seen[hf_name] = name
-        fix = None
-        if arch == "llama" and suffix.startswith(("attn_q.", "attn_k.")):  # llama.cpp's LlamaModel.permute
-            n = heads if suffix.startswith("attn_q.") else kv_heads
-            fix = lambda w, n=n: unpermute_rotary_rows(w, n)  # noqa: E731
-        elif arch == "gemma3" and name.endswith("norm.weight"):  # llama.cpp stores Gemma's (1 + w) as is
-            fix = lambda w: w - np.float32(1.0)  # noqa: E731
+        fix = spec.fix(suffix, config)
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
         plans.append(TensorPlan(hf_name, shape, tensor, fix))
     return plans

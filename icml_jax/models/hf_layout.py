@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from icml_jax.models import families
 from icml_jax.models.config import ModelConfig
 
 Path = tuple  # an nnx state path such as ("layers", "attn", "q")
@@ -21,21 +22,19 @@ IN_HEADS = "in_heads"  # torch [heads*head_dim, embed] -> ours [embed, heads, he
 OUT_HEADS = "out_heads"  # torch [embed, heads*head_dim] -> ours [heads, head_dim, embed]
 BIAS_HEADS = "bias_heads"  # torch [heads*head_dim] -> ours [heads, head_dim]
 
-# Prefixes under which the decoder's tensors are stored, tried in order; the last two are the text tower of
-# Gemma3ForConditionalGeneration as saved by transformers 5 and as published on the Hub.
-BODY_PREFIXES = ("model.", "", "model.language_model.", "language_model.model.")
-HEAD_NAMES = {"model.": "lm_head.weight", "": "lm_head.weight", "model.language_model.": "lm_head.weight",
-              "language_model.model.": "language_model.lm_head.weight"}
-# Tensors a text-only decoder legitimately leaves unread: Gemma3's vision tower and projector, old rotary buffers.
-IGNORED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+# Prefixes under which the decoder's tensors are stored, tried in order (then those of the families' wrapper
+# checkpoints, e.g. Gemma3's multimodal text tower), each with the name of its untied head.
+BODY_PREFIXES = ("model.", "") + tuple(p for f in families.REGISTRY for p in f.body_prefixes)
+HEAD_NAMES = {"model.": "lm_head.weight", "": "lm_head.weight",
+              **{p: head for f in families.REGISTRY for p, head in f.body_prefixes.items()}}
+# Tensors a text-only decoder legitimately leaves unread: the families' other towers (Gemma3's vision tower and
+# projector), old rotary buffers.
+IGNORED_PREFIXES = tuple(p for f in families.REGISTRY for p in f.ignored_prefixes)
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
-_BLOCK_NORMS = {
-    "input_norm": "input_layernorm",
-    "post_attn_norm": "post_attention_layernorm",
-    "pre_mlp_norm": "pre_feedforward_layernorm",
-    "post_mlp_norm": "post_feedforward_layernorm",
-}
+_BLOCK_NORMS = {"input_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm"}
+# The two extra norms of a block with `sandwich_norm` (our name -> HF name), as the families that have them call them.
+SANDWICH_NORMS = {ours: hf for f in families.REGISTRY for ours, hf in f.sandwich_norms.items()}
 
 
 def layout(config: ModelConfig) -> dict[Path, tuple[str, str]]:
@@ -51,9 +50,9 @@ def layout(config: ModelConfig) -> dict[Path, tuple[str, str]]:
     if not c.tie_embeddings:
         table[("lm_head",)] = ("<lm_head>", LINEAR)
     p, s = "layers.{layer}.", STACKED
-    norms = ["input_norm", "post_attn_norm"] + (["pre_mlp_norm", "post_mlp_norm"] if c.sandwich_norm else [])
-    for ours in norms:
-        table[(s, ours, "scale")] = (p + _BLOCK_NORMS[ours] + ".weight", VECTOR)
+    norms = {**_BLOCK_NORMS, **(SANDWICH_NORMS if c.sandwich_norm else {})}
+    for ours, hf_name in norms.items():
+        table[(s, ours, "scale")] = (p + hf_name + ".weight", VECTOR)
     for proj in "qkv":
         table[(s, "attn", proj)] = (p + f"self_attn.{proj}_proj.weight", IN_HEADS)
     table[(s, "attn", "o")] = (p + "self_attn.o_proj.weight", OUT_HEADS)

@@ -18,6 +18,7 @@ import torch
 import transformers
 
 from icml_jax.models import convert_gguf, from_pretrained, gguf_io, load_tokenizer
+from icml_jax.models.families import llama as llama_family
 from icml_jax.models.safetensors_io import Checkpoint
 from tests.models import gguf_fixtures as G
 from tests.models import hf_fixtures as F
@@ -153,7 +154,7 @@ def test_k_quants(tmp_path):
 
 def test_unpermute_inverts_llama_cpp_permutation():
     w = np.arange(8 * 2 * 3, dtype=np.float32).reshape(16, 3)
-    np.testing.assert_array_equal(gguf_io.unpermute_rotary_rows(G.permute_rows(w, 2), 2), w)
+    np.testing.assert_array_equal(llama_family.unpermute_rotary_rows(G.permute_rows(w, 2), 2), w)
     assert not np.array_equal(G.permute_rows(w, 2), w)
 
 
@@ -163,13 +164,13 @@ def test_llama3_rope_recovered_from_factors(head_dim, hi, orig):
     params = dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,
                   high_freq_factor=hi, original_max_position_embeddings=orig)
     factors = G.llama3_rope_factors(params, head_dim)
-    got = gguf_io.llama3_rope_from_factors(factors, 500000.0, head_dim)
+    got = llama_family.llama3_rope_from_factors(factors, 500000.0, head_dim)
     assert got["factor"] == 32.0 and got["low_freq_factor"] == 1.0
     np.testing.assert_allclose(G.llama3_rope_factors(got, head_dim), factors, rtol=1e-5)
     if hi == 4.0:
         assert got == params
     with pytest.raises(gguf_io.GGUFError, match="do not follow Llama-3"):
-        gguf_io.llama3_rope_from_factors(np.linspace(1, 5, 32), 500000.0, 64)
+        llama_family.llama3_rope_from_factors(np.linspace(1, 5, 32), 500000.0, 64)
 
 
 def gemma_meta(**extra):
