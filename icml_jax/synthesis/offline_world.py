@@ -30,7 +30,7 @@ import numpy as np
 from icml_jax.data.persona_world import FACT_REPLIES, GAPS, NOISE_KINDS, NOISE_REPLIES, TEMPLATES, PersonaWorldConfig
 from icml_jax.data.schema import Session, Turn, TurnRef
 from icml_jax.llm.offline import heuristic_information_value, register_offline_answers
-from icml_jax.llm.prompts import (
+from icml_jax.synthesis.prompts import (
     SYNTH_ROLES,
     SYNTHESIS_TASKS,
     TASK_SYNTH_ANNOTATE,

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from icml_jax.data.schema import Session, Turn, TurnRef
-from icml_jax.llm.prompts import SYNTH_ROLES
+from icml_jax.synthesis.prompts import SYNTH_ROLES
 from icml_jax.llm.types import LLMResponse
 from icml_jax.textcheck import TextError, check_text
 

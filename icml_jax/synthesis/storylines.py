@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from icml_jax.data import timegap
 from icml_jax.data.schema import Episode, Session, Turn
-from icml_jax.llm import prompts
+from icml_jax.synthesis import prompts
 from icml_jax.llm.generation import generate_each
 from icml_jax.llm.types import BackendError, LLMBackend, LLMRequest, LLMResponse
 from icml_jax.synthesis.config import SynthesisConfig

@@ -12,12 +12,13 @@ import pytest
 from icml_jax.data import timegap
 from icml_jax.data.persona_world import PersonaWorldConfig
 from icml_jax.data.schema import Session, Turn, TurnRef
-from icml_jax.llm import GeminiBackend, GeminiConfig, LLMRequest, LLMResponse, OfflineBackend, TokenUsage, prompts
+from icml_jax.llm import GeminiBackend, GeminiConfig, LLMRequest, LLMResponse, OfflineBackend, TokenUsage
 from icml_jax.synthesis import (
     MalformedOutput,
     StorylineKey,
     SynthesisConfig,
     load_expert_data,
+    prompts,
     storyline_sessions,
     synthesize,
 )

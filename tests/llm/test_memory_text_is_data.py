@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from icml_jax.llm import LLMRequest, OfflineBackend, prompts
 from icml_jax.llm.prompts import CLOSE_MARK, OPEN_MARK, neutralise, quote, unquote
+from icml_jax.synthesis import prompts as synthesis_prompts
 from icml_jax.memory import MemoryStore, NewFragment
 from icml_jax.memory.writer import TurnToSave, save_turns
 
@@ -124,14 +125,14 @@ BUILDERS: dict[str, Callable[[str], LLMRequest]] = {
     "proxy_judge": lambda x: prompts.proxy_judge_request(x, [("User", x)]),
     "quality_judge": lambda x: prompts.quality_judge_request([("User", x)], x, x, x),
     "pairwise_judge": lambda x: prompts.pairwise_judge_request([("User", x)], x, (x, x), (x, None)),
-    "synthesis_seed": lambda x: prompts.synthesis_seed_request([x, x]),
-    "synthesis_opening": lambda x: prompts.synthesis_opening_request([x]),
-    "synthesis_prequel": lambda x: prompts.synthesis_prequel_request([x], [(None, _session(x)), (x, _session(x))],
+    "synthesis_seed": lambda x: synthesis_prompts.synthesis_seed_request([x, x]),
+    "synthesis_opening": lambda x: synthesis_prompts.synthesis_opening_request([x]),
+    "synthesis_prequel": lambda x: synthesis_prompts.synthesis_prequel_request([x], [(None, _session(x)), (x, _session(x))],
                                                                      number=1, total=2),
-    "synthesis_sequel": lambda x: prompts.synthesis_sequel_request([x], [(None, _session(x)), (x, _session(x))],
+    "synthesis_sequel": lambda x: synthesis_prompts.synthesis_sequel_request([x], [(None, _session(x)), (x, _session(x))],
                                                                    total=3),
-    "synthesis_annotate": lambda x: prompts.synthesis_annotate_request([(None, _session(x)), (x, _session(x))], 1),
-    "synthesis_retry": lambda x: prompts.synthesis_retry_request(prompts.synthesis_seed_request([x]), x, 1),
+    "synthesis_annotate": lambda x: synthesis_prompts.synthesis_annotate_request([(None, _session(x)), (x, _session(x))], 1),
+    "synthesis_retry": lambda x: synthesis_prompts.synthesis_retry_request(synthesis_prompts.synthesis_seed_request([x]), x, 1),
 }
 
 

@@ -11,7 +11,7 @@ import pytest
 from tqdm.auto import tqdm
 
 from icml_jax.data.schema import Episode, Session, Turn
-from icml_jax.llm import LLMRequest, OfflineBackend, prompts
+from icml_jax.llm import LLMRequest, OfflineBackend
 from icml_jax.synthesis import (
     StorylineKey,
     SynthesisConfig,
@@ -19,6 +19,7 @@ from icml_jax.synthesis import (
     load_expert_data,
     make_seeds,
     planner_examples,
+    prompts,
     storyline_sessions,
     storylines,
     synthesize,

@@ -7,8 +7,8 @@ import json
 
 from tqdm.auto import tqdm
 
-from icml_jax.llm import OfflineBackend, prompts
-from icml_jax.synthesis import SynthesisConfig, storylines, synthesize
+from icml_jax.llm import OfflineBackend
+from icml_jax.synthesis import SynthesisConfig, prompts, storylines, synthesize
 from tests.data.test_synthesis import WORLD, FaultyBackend
 
 

@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from icml_jax.llm import GeminiBackend, GeminiConfig, LLMRequest, LLMResponse, OfflineBackend, TokenUsage, prompts
+from icml_jax.llm import GeminiBackend, GeminiConfig, LLMRequest, LLMResponse, OfflineBackend, TokenUsage
 from icml_jax.llm.types import TASK_CONDENSE, BackendError
-from icml_jax.synthesis import SynthesisConfig, default_config, load_expert_data, synthesize
+from icml_jax.synthesis import SynthesisConfig, default_config, load_expert_data, prompts, synthesize
 from icml_jax.synthesis.dataset import MANIFEST, SPLITS, episodes_path, trigger_path
 from tests.data.test_synthesis import WORLD
 from tests.llm.conftest import fake_gemini, gemini_env  # noqa: F401 - pytest fixtures

@@ -15,8 +15,8 @@ from icml_jax.data import tfds_builders as tb
 from icml_jax.data.protocol import eval_targets
 from icml_jax.data.schema import Episode, Session, Turn
 from icml_jax.data.stream import _split_names, online_stream
-from icml_jax.llm import OfflineBackend, prompts
-from icml_jax.synthesis import read_manifest, seeds_from_episodes
+from icml_jax.llm import OfflineBackend
+from icml_jax.synthesis import prompts, read_manifest, seeds_from_episodes
 from tests.config_files import load_config
 from tests.test_main import ROOT, tiny_demo
 
