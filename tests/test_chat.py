@@ -361,9 +361,9 @@ def test_a_session_is_allocated_by_the_store(tmp_path):
 
 
 def test_the_memory_api_on_a_trained_policy_saves_and_its_trigger_leads_search(workdir):
-    """`icml_jax.memory.Memory(workdir=...)` on this module's trained run: the Planner's saves, the Trigger's
+    """`icml_jax.memory_api.Memory(workdir=...)` on this module's trained run: the Planner's saves, the Trigger's
     pick first in search (issue 18)."""
-    from icml_jax.memory import Memory
+    from icml_jax.memory_api import Memory
 
     with Memory(":memory:", workdir=workdir) as m:
         out = m.add([{"role": "user", "content": FACT}, {"role": "assistant", "content": "Noted."},
@@ -467,8 +467,7 @@ def test_the_run_config_sets_the_chat_limits(workdir, tmp_path):
 def test_the_memory_api_on_a_trained_policy_takes_any_text_or_refuses_it_with_one_error(workdir, text):
     """The issue's probe: a lone surrogate reached the tokenizer (`TypeError: TextEncodeInput must be ...` ten
     frames deep); now one TextError naming the method, the argument and the offset, and no session is left."""
-    from icml_jax.memory import Memory
-    from icml_jax.memory.api import API_EPISODE
+    from icml_jax.memory_api import API_EPISODE, Memory
 
     with Memory(":memory:", workdir=workdir) as m:
         for call in (lambda: m.add(text, "alice"), lambda: m.search(text, "alice")):
@@ -490,7 +489,7 @@ def _is_text(value: str) -> bool:
 
 
 def test_the_memory_api_on_a_trained_policy_refuses_a_lone_surrogate_naming_the_call(workdir):
-    from icml_jax.memory import Memory
+    from icml_jax.memory_api import Memory
 
     with Memory(":memory:", workdir=workdir) as m:
         assert m.limits == TextLimits()

@@ -1,4 +1,4 @@
-"""The Mem0-shaped API `icml_jax.memory.Memory`: message shapes, each method, the default path, condensation by a
+"""The Mem0-shaped API `icml_jax.memory_api.Memory`: message shapes, each method, the default path, condensation by a
 back end (the offline one, and a writer that supersedes), and the policy path with a stand-in for a trained run.
 
 A trained tiny policy is tested in tests/memory/test_api_policy.py."""
@@ -15,8 +15,8 @@ import pytest
 
 import icml_jax
 from icml_jax.llm import LLMResponse, OfflineBackend, TokenUsage
-from icml_jax.memory import Memory, MemoryStore
-from icml_jax.memory.api import API_EPISODE, default_path, parse_messages
+from icml_jax.memory import MemoryStore
+from icml_jax.memory_api import API_EPISODE, Memory, default_path, parse_messages
 from icml_jax.textcheck import TextLimits
 
 
@@ -295,7 +295,7 @@ def test_with_a_policy_the_planner_decides_and_the_trigger_leads_search(fake_cha
         (model,) = fake_chat.loaded
         agent = model.agents[0]
         assert model.workdir == tmp_path / "run" and agent.store is m.store and agent.condenser is writer
-        with caplog.at_level(logging.WARNING, logger="icml_jax.memory.api"):
+        with caplog.at_level(logging.WARNING, logger="icml_jax.memory_api"):
             out = m.add([{"role": "user", "content": "a fact: I love tea"},
                          {"role": "assistant", "content": "noted"},
                          {"role": "user", "content": "just chatting about tea"},

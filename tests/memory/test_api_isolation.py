@@ -8,7 +8,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, rule
 
-from icml_jax.memory import Memory
+from icml_jax.memory_api import Memory
 
 USERS = ["alice", "bob", "carol"]
 WORDS = ["dog", "Paris", "nurse", "violin", "peanuts", "café", "東京"]

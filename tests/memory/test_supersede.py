@@ -13,7 +13,8 @@ from icml_jax.data.schema import Episode, Session, Turn, TurnRef
 from icml_jax.llm import LLMResponse, OfflineBackend, TokenUsage
 from icml_jax.llm.generation import split_replaces
 from icml_jax.llm.prompts import unquote
-from icml_jax.memory import Memory, MemoryStore, NewFragment
+from icml_jax.memory import MemoryStore, NewFragment
+from icml_jax.memory_api import Memory
 from icml_jax.memory.writer import TurnToSave, save_turns
 from icml_jax.rl.learner import pooled_metrics, session_counts
 

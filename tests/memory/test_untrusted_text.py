@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from icml_jax.llm import OfflineBackend
-from icml_jax.memory import Memory, MemoryStore, NewFragment
-from icml_jax.memory.api import API_EPISODE
+from icml_jax.memory import MemoryStore, NewFragment
+from icml_jax.memory_api import API_EPISODE, Memory
 from icml_jax.textcheck import TextError, TextLimits
 
 ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=40)  # lone surrogates included

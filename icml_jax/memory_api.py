@@ -1,5 +1,6 @@
 """`Memory`: a Mem0-shaped API (add / search / get_all / get / update / delete / delete_all / history) over the
 SQLite MemoryStore, optionally with an LLM that condenses saved turns and a trained policy that decides them.
+A user-facing tool on top of the memory package, the chat and the agents (`from icml_jax.memory_api import Memory`).
 
 Every call names its user, and every store call it makes is scoped to that user: another user's memory id behaves
 exactly like a missing one (None, False, [] or {"results": []}), so no call returns or changes another user's
@@ -144,7 +145,7 @@ class Memory:
         self.limits = limits
 
     def _load_policy(self, workdir: str | os.PathLike[str]) -> None:
-        """Loads the trained run (imported here: the memory package must not pull in the chat or the agents)."""
+        """Loads the trained run (the chat imported here: a Memory without a run loads neither JAX nor the flags)."""
         from icml_jax import chat
 
         self._model = chat.load_model(workdir)
