@@ -161,7 +161,7 @@ class RemoteBackend:
         raise TypeError(f"{type(self).__name__} cannot be pickled (it holds an API key, threads and connections)")
 
     @property
-    def model(self) -> str:
+    def model_name(self) -> str:
         """The model every request names (the subclass config's `model`)."""
         return str(getattr(self.config, "model", "?"))
 
@@ -271,14 +271,14 @@ class RemoteBackend:
                 timeouts += is_timeout(exc)
                 if not retryable or attempt == max_attempts:
                     self.meter.add(failures=1)
-                    err = BackendError(f"{self.name} (model {self.model})", attempt, max_attempts, desc, retryable)
+                    err = BackendError(f"{self.name} (model {self.model_name})", attempt, max_attempts, desc, retryable)
                     logger.error("%s", err)
                     raise err from None
                 with self._rng_lock:
                     delay = self._policy.delay(attempt, self._rng, self.retry_hint_s(exc))
                 logger.warning(
                     "%s back end (model %s): attempt %d/%d failed: %s; retrying in %.3fs",
-                    self.name, self.model, attempt, max_attempts, desc, delay,
+                    self.name, self.model_name, attempt, max_attempts, desc, delay,
                 )
                 self._sleep(delay)
                 continue
