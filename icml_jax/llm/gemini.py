@@ -110,6 +110,7 @@ class GeminiBackend(RemoteBackend):
         self.config: GeminiConfig = config
 
     def __repr__(self) -> str:
+        """Model, endpoint and concurrency; never the key."""
         c = self.config
         return f"GeminiBackend(model={c.model!r}, base_url={c.base_url!r}, max_concurrency={c.max_concurrency})"
 
@@ -120,6 +121,7 @@ class GeminiBackend(RemoteBackend):
         self._client.close()
 
     def __enter__(self) -> GeminiBackend:
+        """The back end itself (typed as GeminiBackend), closed when the block ends."""
         return self
 
     # -- one attempt (RemoteBackend's hooks) -------------------------------------------------------

@@ -120,6 +120,7 @@ class OpenAIBackend(RemoteBackend):
         self.config: OpenAIConfig = config
 
     def __repr__(self) -> str:
+        """Model, endpoint and concurrency; never the key."""
         c = self.config
         return f"OpenAIBackend(model={c.model!r}, base_url={c.base_url!r}, max_concurrency={c.max_concurrency})"
 
@@ -130,6 +131,7 @@ class OpenAIBackend(RemoteBackend):
         self._client.close()
 
     def __enter__(self) -> OpenAIBackend:
+        """The back end itself (typed as OpenAIBackend), closed when the block ends."""
         return self
 
     # -- one attempt (RemoteBackend's hooks) -------------------------------------------------------

@@ -182,9 +182,11 @@ class RemoteBackend:
             pass
 
     def __enter__(self) -> RemoteBackend:
+        """The back end itself, closed when the block ends."""
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Closes the back end (threads, connections)."""
         self.close()
 
     def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResponse]:

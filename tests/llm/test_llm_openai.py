@@ -64,6 +64,7 @@ class FakeOpenAI:
     """Scripted server state: a queue of actions, then seeded faults, then a responder; what it saw and sent."""
 
     def __init__(self) -> None:
+        """An idle server state: no script, no faults, the echo responder."""
         self.lock = threading.Lock()
         self.script: collections.deque[dict[str, Any]] = collections.deque()
         self.responder: Callable[[dict[str, Any]], dict[str, Any]] = self.echo
@@ -84,14 +85,17 @@ class FakeOpenAI:
 
     @property
     def base_url(self) -> str:
+        """The /v1 root the client is pointed at."""
         return f"http://127.0.0.1:{self.port}/v1"
 
     @property
     def hits(self) -> int:
+        """Requests received so far (attempts, from the client's side)."""
         with self.lock:
             return len(self.requests)
 
     def push(self, *actions: dict[str, Any]) -> None:
+        """Queues actions for the next requests, before any fault or responder."""
         with self.lock:
             self.script.extend(actions)
 
@@ -103,6 +107,7 @@ class FakeOpenAI:
             self.fault_rate, self.arrivals = rate, 0
 
     def next_action(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The script's next action, else an injected fault (counted by kind), else the responder's answer."""
         with self.lock:
             if self.script:
                 return self.script.popleft()
@@ -116,12 +121,15 @@ class FakeOpenAI:
 
 def _handler(state: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        """Answers POST /v1/chat/completions with `state`'s next action."""
+
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, *args: Any) -> None:  # keep pytest output clean
-            pass
+        def log_message(self, *args: Any) -> None:
+            """Silent, to keep pytest output clean."""
 
         def _send(self, code: int, payload: bytes, headers: dict[str, str] | None = None) -> bool:
+            """Writes one response; False when the client already gave up (timed out)."""
             try:
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
@@ -135,6 +143,7 @@ def _handler(state: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 return False  # the client gave up (timeout)
 
         def do_POST(self) -> None:
+            """Records the request, then answers it as scripted, faulted or by the responder."""
             raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             if self.path != "/v1/chat/completions":
                 self._send(404, json.dumps({"error": {"message": f"no route {self.path}"}}).encode())
@@ -199,6 +208,7 @@ def openai_env(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def _backend(server: FakeOpenAI, *, sleeps: list[float] | None = None, **overrides: Any) -> OpenAIBackend:
+    """A back end on `server` with short timeouts and no real backoff (sleeps go to `sleeps`)."""
     cfg: dict[str, Any] = dict(model=MODEL, base_url=server.base_url, timeout_s=2.0, timeout_tokens_per_s=None,
                                max_concurrency=4, max_attempts=4, initial_backoff_s=0.001, max_backoff_s=5.0,
                                jitter=0.0)
@@ -273,6 +283,7 @@ def test_structured_answers_parse_into_the_same_types_as_gemini(fake_openai, ope
                "consistency": 5}
 
     def answer(prompt_is_quality: bool) -> str:
+        """The same JSON verdict for either back end."""
         return json.dumps(quality if prompt_is_quality else {"reason": "a job", "score": 0.75})
 
     fake_openai.responder = lambda body: ok(answer("engagingness" in body["messages"][-1]["content"]))
@@ -470,6 +481,9 @@ def test_a_gemini_block_switched_to_openai_on_the_command_line(fake_openai, open
     gen = check_backend(config.llm.generator, "config.llm.generator")
     assert gen["api_key_env"] == ("VLLM_KEY",) and gen["max_tokens_field"] == "max_completion_tokens"
     assert gen["base_url"] == "http://localhost:8000/v1"
+    local = _command_line("--config.llm.generator.kind=openai", "--config.llm.generator.api_key_env=()")
+    with make_backend(local.llm.generator) as be:  # README's flag for a server without a key
+        assert be.config.api_key_env == ()
     judge = check_backend(config.llm.judge, "config.llm.judge")  # untouched: still Gemini, with Gemini's key names
     with pytest.raises(AttributeError, match="strict"):  # a misspelt knob fails on the command line
         _command_line("--config.llm.judge.kind=openai", "--config.llm.judge.strict=True")
