@@ -53,7 +53,7 @@ def slow(seconds: float) -> dict[str, Any]:
 FAULTS: dict[str, dict[str, Any]] = {
     "429": status(429, "Rate limit reached", {"Retry-After": "2"}),
     "500": status(500, "The server had an error"),
-    "stall": slow(1.5),
+    "stall": slow(2.5),
     "bad_body": {"kind": "raw", "body": b'{"choices": [ {"message": '},  # 200, not JSON
     "no_choices": {"kind": "raw", "body": b'{"id": "x", "object": "chat.completion", "choices": []}'},
     "bad_content": ok("Sure! The score is high."),  # 200, valid body, content that is not the JSON asked for
@@ -301,29 +301,41 @@ def test_structured_answers_parse_into_the_same_types_as_gemini(fake_openai, ope
 # -- faults ---------------------------------------------------------------------------------------------------------
 
 
-def test_thirty_percent_faults_complete_with_every_fault_counted(fake_openai, openai_env):
+# What the client logs for each injected fault kind when it retries (bad content is an answer, not retried).
+RETRY_CAUSES = {"429": "HTTP 429 from", "500": "HTTP 500 from", "stall": "timeout error after",
+                "bad_body": "malformed response body (JSONDecodeError", "no_choices": "malformed response body "
+                "(MalformedAnswer", "transport": "transport error"}
+
+
+def test_thirty_percent_faults_complete_with_every_fault_counted(fake_openai, openai_env, caplog):
     n = 100
+    caplog.set_level(logging.WARNING, logger="icml_jax.llm.remote")
     fake_openai.inject_faults(0.3)
     sleeps: list[float] = []
     t0 = time.monotonic()
-    with _backend(fake_openai, sleeps=sleeps, timeout_s=0.5, max_attempts=8, max_concurrency=8) as be:
+    with _backend(fake_openai, sleeps=sleeps, timeout_s=1.0, max_attempts=8, max_concurrency=8) as be:
         out = be.generate_each([LLMRequest(prompt=f"item {i}", json_schema=SCHEMA) for i in range(n)])
         usage = be.usage
     seconds = time.monotonic() - t0
     faults = fake_openai.faults
-    retried = sum(faults[k] for k in FAULT_KINDS if k != "bad_content")  # answers with bad content are answers
+    retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+    by_cause = {kind: sum(cause in m for m in retries) for kind, cause in RETRY_CAUSES.items()}
     print(f"\nopenai 30% faults: {n} requests, {fake_openai.hits} attempts, faults {dict(sorted(faults.items()))}, "
-          f"{usage.retries} retries, {seconds:.2f}s")
+          f"{usage.retries} retries {by_cause}, {seconds:.2f}s")
     assert all(not isinstance(r, BackendError) for r in out)  # every request answered
     assert sum(faults.values()) == int(0.3 * fake_openai.hits) and all(faults[k] >= 5 for k in FAULT_KINDS)
     assert usage.calls == n and usage.failures == 0
-    assert usage.attempts == fake_openai.hits == n + retried and usage.retries == retried
+    for kind in FAULT_KINDS[:-1]:  # every retryable fault the server injected is one retry, logged with its cause
+        assert by_cause[kind] == faults[kind], kind
+    # a retry the server never saw can only be a transport error (e.g. a pooled connection the server closed)
+    assert usage.retries == len(retries) == sum(by_cause.values())
+    assert usage.attempts == n + usage.retries == fake_openai.hits + by_cause["transport"]
     assert sum(r.parse_error is not None for r in out) == faults["bad_content"]  # judges re-ask these
     assert [r.parsed["reason"] for r in out if r.ok_json] == [f"item {i}" for i, r in enumerate(out) if r.ok_json]
     assert sum(s >= 2.0 for s in sleeps) == faults["429"]  # Retry-After: 2 is a floor of that wait
     assert usage.prompt_tokens == fake_openai.delivered_tokens["prompt"]  # late (stalled) answers are not counted
     assert usage.output_tokens == fake_openai.delivered_tokens["completion"]
-    assert seconds < 10.0
+    assert seconds < 15.0
 
 
 @pytest.mark.parametrize("kind, cause", [("429", "HTTP 429 from http://127.0.0.1"), ("500", "HTTP 500 from"),
@@ -347,6 +359,24 @@ def test_every_request_faulting_ends_in_one_line(fake_openai, openai_env, caplog
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert [r.getMessage() for r in errors] == [msg] and errors[0].exc_info is None
     assert usage.failures == 1 and usage.attempts == 2 and usage.calls == 0
+
+
+def test_a_dead_server_ends_the_cli_in_one_line(fake_openai, openai_env, capsys):
+    from icml_jax import main as job
+
+    fake_openai.responder = lambda body: FAULTS["500"]
+    with _backend(fake_openai, max_attempts=3) as be:
+        (each,) = be.generate_each([LLMRequest(prompt="x")])  # batch callers get the failure in its place
+        with pytest.raises(BackendError) as ei:
+            be.generate([LLMRequest(prompt="x")])
+    assert isinstance(each, BackendError) and str(each) == str(ei.value) and fake_openai.hits == 6
+    assert job.user_error(ei.value) is ei.value  # a user error: the CLIs print it, no traceback
+    with pytest.raises(SystemExit) as code:
+        job.fail("main", ei.value, debug=False)
+    lines = capsys.readouterr().err.splitlines()
+    assert code.value.code == 2 and len(lines) == 1
+    assert lines[0].startswith(f"main error: openai (model {MODEL}) back end: request failed after 3 attempt(s)")
+    assert "HTTP 500" in lines[0] and "The server had an error" in lines[0]
 
 
 def test_client_errors_are_not_retried_and_name_the_server(fake_openai, openai_env):
