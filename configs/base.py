@@ -19,6 +19,7 @@ from icml_jax.agents.observation import ObservationConfig
 from icml_jax.data import persona_world_config
 from icml_jax.models import lora
 from icml_jax.llm.gemini import GeminiConfig
+from icml_jax.llm.openai_compat import OPENAI_ONLY_KNOBS
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig
 from icml_jax.synthesis import default_config as synthesis_config
@@ -31,7 +32,11 @@ def gemini_backend(model: str = "gemini-2.5-flash") -> ml_collections.ConfigDict
     the command line); the API key is read from the environment (api_key_env, first one set wins), never from the
     config. Switching `kind` on the command line leaves these keys behind; the other kinds ignore them."""
     block = {f.name: getattr(GeminiConfig(model=model), f.name) for f in dataclasses.fields(GeminiConfig)}
-    typed = {"base_url": str, "api_version": str, "thinking_budget": int}  # None by default, settable
+    # api_key_env None: each kind's own variables, so --config.llm.<role>.kind=openai never sends a Gemini key;
+    # OPENAI_ONLY_KNOBS (None: OpenAI's defaults) keep every knob of that kind settable on the command line.
+    block.update(api_key_env=None, **dict.fromkeys(OPENAI_ONLY_KNOBS))
+    typed = {"base_url": str, "api_version": str, "thinking_budget": int, "api_key_env": tuple,
+             **OPENAI_ONLY_KNOBS}  # None by default, settable
     return ml_collections.ConfigDict(dict(kind="gemini", **{k: placeholder(typed[k]) if v is None and k in typed
                                                             else v for k, v in block.items()}))
 

@@ -1,4 +1,5 @@
-"""LLM back ends behind one protocol (Gemini, local Flax model, offline), prompts, generation, judges."""
+"""LLM back ends behind one protocol (Gemini, OpenAI-compatible, local Flax model, offline), prompts, generation,
+judges."""
 
 from icml_jax.llm.gemini import GeminiBackend, GeminiConfig, read_api_key
 from icml_jax.llm.generation import (
@@ -11,6 +12,7 @@ from icml_jax.llm.generation import (
     generate_reply,
 )
 from icml_jax.llm.local import LocalBackend
+from icml_jax.llm.openai_compat import OpenAIBackend, OpenAIConfig
 from icml_jax.llm.judges import JudgeResult, JudgeStats, ProxyInput, ProxyJudge, QualityInput, QualityJudge
 from icml_jax.llm.jsonparse import parse_json_text
 from icml_jax.llm.offline import OfflineBackend, heuristic_information_value
@@ -47,6 +49,8 @@ __all__ = [
     "LLMResponse",
     "MissingAPIKeyError",
     "OfflineBackend",
+    "OpenAIBackend",
+    "OpenAIConfig",
     "ProxyInput",
     "ProxyJudge",
     "QUALITY_DIMENSIONS",

@@ -30,9 +30,12 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
     raise TypeError(f"cannot read a back-end config from {type(cfg).__name__}")
 
 
-def dataclass_from_config(cls: type[T], cfg: Any, *, ignore: tuple[str, ...] = ("kind",)) -> T:
-    """Instantiate dataclass `cls` from `cfg`; unknown keys are an error that names them (typos fail loudly)."""
-    values = {k: v for k, v in config_to_dict(cfg).items() if k not in ignore}
+def dataclass_from_config(cls: type[T], cfg: Any, *, ignore: tuple[str, ...] = ("kind",),
+                          unset_if_none: tuple[str, ...] = ()) -> T:
+    """Instantiate dataclass `cls` from `cfg`; unknown keys are an error that names them (typos fail loudly).
+    A key of `unset_if_none` holding None takes the class default (a shared block's "this kind's own default")."""
+    values = {k: v for k, v in config_to_dict(cfg).items()
+              if k not in ignore and not (k in unset_if_none and v is None)}
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(values) - names)
     if unknown:
@@ -93,16 +96,33 @@ def check_backend(cfg: Any, where: str = "back end") -> dict[str, Any]:
 
 
 def make_backend(cfg: Any, **kwargs: Any) -> LLMBackend:
-    """Build the back end named by `cfg.kind` ('gemini', 'offline', or a registered one)."""
+    """Build the back end named by `cfg.kind` ('gemini', 'openai', 'offline', or a registered one)."""
     values = resolve_options(cfg)
     kind = values["kind"]
     return _FACTORIES[kind](values, **kwargs) if kwargs else _FACTORIES[kind](values)
 
 
+# Keys a config block may leave None to mean "this kind's default": a block shared by several kinds (switched
+# with --config.llm.<role>.kind=...) cannot hold one kind's API-key variables without sending them to another.
+KIND_DEFAULT_IF_NONE = ("api_key_env", "strict_schema", "max_tokens_field")
+
+
 def _gemini_config(values: Mapping[str, Any]) -> Any:
     from icml_jax.llm.gemini import GeminiConfig
 
-    return dataclass_from_config(GeminiConfig, values)
+    return dataclass_from_config(GeminiConfig, values, unset_if_none=KIND_DEFAULT_IF_NONE)
+
+
+def _openai_config(values: Mapping[str, Any]) -> Any:
+    from icml_jax.llm.openai_compat import OpenAIConfig
+
+    return dataclass_from_config(OpenAIConfig, values, unset_if_none=KIND_DEFAULT_IF_NONE)
+
+
+def _openai(values: Mapping[str, Any], **kwargs: Any) -> LLMBackend:
+    from icml_jax.llm.openai_compat import OpenAIBackend
+
+    return OpenAIBackend(_openai_config(values), **kwargs)
 
 
 def _gemini(values: Mapping[str, Any], **kwargs: Any) -> LLMBackend:
@@ -120,11 +140,19 @@ def _offline(values: Mapping[str, Any]) -> LLMBackend:
     return OfflineBackend()
 
 
-def _gemini_fields() -> list[str]:
+def _fields(cls: type) -> list[str]:
+    """The field names of config dataclass `cls` (a kind's options)."""
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _register_builtin() -> None:
+    """Registers the back ends shipped here: gemini, openai (any OpenAI-compatible server) and offline."""
     from icml_jax.llm.gemini import GeminiConfig
+    from icml_jax.llm.openai_compat import OpenAIConfig
 
-    return [f.name for f in dataclasses.fields(GeminiConfig)]
+    register_backend("gemini", _gemini, _fields(GeminiConfig), check=_gemini_config)
+    register_backend("openai", _openai, _fields(OpenAIConfig), check=_openai_config)
 
 
-register_backend("gemini", _gemini, _gemini_fields(), check=_gemini_config)
+_register_builtin()
 register_backend("offline", _offline)

@@ -1,0 +1,237 @@
+"""OpenAI-compatible back end over the `openai` client (`POST {base_url}/chat/completions`): OpenAI itself, or
+any server that speaks the API (vLLM, llama.cpp's server, Ollama, TGI).
+
+The SDK's own retries are off (`max_retries=0`): every attempt is counted, logged, timed out and retried by the
+shared `RemoteBackend`, as for Gemini (408 / 429 / 5xx, timeouts, transport errors, malformed bodies; a 429's
+Retry-After is a floor). The API key is read from the environment variables named by `api_key_env` and is sent
+only to `base_url` (None: OpenAI's endpoint; the SDK's OPENAI_BASE_URL is not consulted); it never appears in
+repr, logs or errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from icml_jax.llm import remote
+from icml_jax.llm.remote import RETRYABLE_STATUS, TRANSPORT_ERRORS, RemoteBackend, RemoteConfig
+from icml_jax.llm.types import LLMRequest, LLMResponse
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+OPENAI_KEY_ENV = ("OPENAI_API_KEY",)
+NO_KEY = "no-key"  # what is sent when api_key_env names no variable (servers started without a key accept it)
+STRUCTURED_OUTPUT_MODES = ("json_schema", "json_object", "prompt_only")
+MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
+_MAX_ERROR_CHARS = 300  # an error body (e.g. a proxy's HTML page) is cut to keep the failure one short line
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenAIConfig(RemoteConfig):
+    """Knobs of the OpenAI-compatible back end; the key only from the environment. Timeouts and retries: see
+    RemoteConfig."""
+
+    model: str = "gpt-4o-mini"
+    base_url: str | None = None  # None = OpenAI's endpoint; a local server: e.g. "http://localhost:8000/v1"
+    # The environment variables holding the key, first one set wins; () = the server needs none (sends NO_KEY).
+    api_key_env: tuple[str, ...] = OPENAI_KEY_ENV
+    # How a request's JSON schema is sent: "json_schema" (response_format json_schema: OpenAI, vLLM, llama.cpp,
+    # Ollama), "json_object" (JSON mode without a schema) or "prompt_only" (no response_format; the prompt
+    # already asks for JSON), for servers that reject the first.
+    structured_output: str = "json_schema"
+    strict_schema: bool = False  # OpenAI's strict mode needs every property required and no min/max keywords
+    # The length cap's field: "max_tokens" (every server) or "max_completion_tokens" (OpenAI's reasoning models)
+    max_tokens_field: str = "max_tokens"
+
+    def __post_init__(self) -> None:
+        """Checks the knobs (transport ones in RemoteConfig); a single variable name becomes a 1-tuple."""
+        if not self.model:
+            raise ValueError("OpenAIConfig.model must name a model, e.g. 'gpt-4o-mini'")
+        names = (self.api_key_env,) if isinstance(self.api_key_env, str) else tuple(self.api_key_env or ())
+        object.__setattr__(self, "api_key_env", tuple(n for n in names if n))
+        super().__post_init__()
+        if self.structured_output not in STRUCTURED_OUTPUT_MODES:
+            raise ValueError(f"OpenAIConfig.structured_output must be one of {list(STRUCTURED_OUTPUT_MODES)}, "
+                             f"got {self.structured_output!r}")
+        if self.max_tokens_field not in MAX_TOKENS_FIELDS:
+            raise ValueError(f"OpenAIConfig.max_tokens_field must be one of {list(MAX_TOKENS_FIELDS)}, "
+                             f"got {self.max_tokens_field!r}")
+        if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"OpenAIConfig.base_url must be an http(s) URL such as http://localhost:8000/v1, "
+                             f"got {self.base_url!r}")
+
+
+# The knobs an OpenAI block has beyond a Gemini one, with their types: a shared config block holds them as None
+# placeholders (None = the default above), so a block switched to kind=openai can set them on the command line.
+OPENAI_ONLY_KNOBS: dict[str, type] = {"strict_schema": bool, "max_tokens_field": str}
+
+
+class MalformedAnswer(ValueError):
+    """A 200 answer without the chat-completion shape (no choices, no message): retried like a bad body."""
+
+
+def _error_text(exc: Any) -> str:
+    """A failed call's message, one line: the server's `error.message` when its body has one."""
+    body = getattr(exc, "body", None)
+    message = None
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        message = inner.get("message") if isinstance(inner, dict) else inner
+    text = " ".join(str(message if message is not None else getattr(exc, "message", exc)).split())
+    return text if len(text) <= _MAX_ERROR_CHARS else text[:_MAX_ERROR_CHARS] + "..."
+
+
+def _rejects_response_format(text: str) -> bool:
+    """Whether a 400 / 422 message is a server refusing the response_format parameter."""
+    low = text.lower()
+    return any(word in low for word in ("response_format", "json_schema", "response format", "json schema"))
+
+
+class OpenAIBackend(RemoteBackend):
+    """LLM back end calling `chat.completions.create` on an OpenAI-compatible server through `openai`."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        config: OpenAIConfig | None = None,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        import openai
+
+        config = config or OpenAIConfig()
+        self._openai = openai
+        api_key = read_openai_key(config.api_key_env) if config.api_key_env else ""
+        self._client = openai.OpenAI(
+            api_key=api_key or NO_KEY,
+            base_url=config.base_url or DEFAULT_BASE_URL,
+            timeout=config.timeout_s,
+            max_retries=0,  # retries are ours (counted, logged, jittered); the SDK makes one attempt
+        )
+        super().__init__(config, api_key, sleep=sleep, rng=rng)
+        self.config: OpenAIConfig = config
+
+    def __repr__(self) -> str:
+        """Model, endpoint and concurrency; never the key."""
+        c = self.config
+        return f"OpenAIBackend(model={c.model!r}, base_url={c.base_url!r}, max_concurrency={c.max_concurrency})"
+
+    __str__ = __repr__
+
+    def close_client(self) -> None:
+        """Closes the openai client's connection pool."""
+        self._client.close()
+
+    def __enter__(self) -> OpenAIBackend:
+        """The back end itself (typed as OpenAIBackend), closed when the block ends."""
+        return self
+
+    # -- one attempt (RemoteBackend's hooks) -------------------------------------------------------
+
+    def prepare(self, request: LLMRequest) -> dict[str, Any]:
+        """The chat-completion arguments of `request`: messages, sampling, length cap and response_format."""
+        messages = [{"role": "system", "content": request.system}] if request.system else []
+        messages.append({"role": "user", "content": request.prompt})
+        kwargs: dict[str, Any] = {
+            "model": self.config.model,
+            "messages": messages,
+            "temperature": request.temperature,
+            self.config.max_tokens_field: request.max_output_tokens,
+        }
+        mode = self.config.structured_output
+        if request.json_schema is not None and mode == "json_schema":
+            kwargs["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": f"{request.task}_answer", "schema": json.loads(json.dumps(request.json_schema)),
+                "strict": self.config.strict_schema}}
+        elif request.json_schema is not None and mode == "json_object":
+            kwargs["response_format"] = {"type": "json_object"}
+        return kwargs
+
+    def send(self, prepared: dict[str, Any], timeout_s: float) -> Any:
+        """One chat-completion call with a `timeout_s` deadline; MalformedAnswer when it has no message."""
+        raw = self._client.chat.completions.create(**prepared, timeout=timeout_s)
+        choices = getattr(raw, "choices", None)
+        if not isinstance(choices, list) or not choices or getattr(choices[0], "message", None) is None:
+            raise MalformedAnswer(f"a 200 answer without choices[0].message ({type(raw).__name__})")
+        return raw
+
+    def retry_hint_s(self, exc: BaseException) -> float | None:
+        """The server's retry-after-ms (OpenAI) or Retry-After header of a failed attempt."""
+        headers = getattr(getattr(exc, "response", None), "headers", None)
+        try:
+            ms = headers.get("retry-after-ms") if headers is not None else None
+            if ms is not None:
+                return float(ms) / 1000.0
+        except (TypeError, ValueError, AttributeError):
+            pass
+        return remote.retry_after_s(headers)
+
+    def classify(self, exc: BaseException, timeout_s: float) -> tuple[bool, str]:
+        """(retryable, short description) of an exception raised by an attempt that had `timeout_s`."""
+        errors = self._openai
+        if isinstance(exc, errors.APIStatusError):
+            code = int(exc.status_code or 0)
+            text = _error_text(exc)
+            desc = f"HTTP {code} from {self.config.base_url or DEFAULT_BASE_URL}: {text}"
+            if code in (400, 422) and self.config.structured_output != "prompt_only" and _rejects_response_format(text):
+                desc += ("; if this server does not take response_format, set structured_output='json_object' or "
+                         "'prompt_only' (--config.llm.<role>.structured_output=prompt_only)")
+            return (code in RETRYABLE_STATUS or code >= 500), desc
+        if isinstance(exc, errors.APITimeoutError) or (isinstance(exc, TRANSPORT_ERRORS) and remote.is_timeout(exc)):
+            return True, f"timeout error after {timeout_s:g}s ({type(exc).__name__})"
+        if isinstance(exc, (errors.APIConnectionError, *TRANSPORT_ERRORS)):
+            return True, f"transport error ({type(exc).__name__}: {_error_text(exc)})"
+        if isinstance(exc, (json.JSONDecodeError, MalformedAnswer, errors.APIResponseValidationError)):
+            return True, f"malformed response body ({type(exc).__name__}: {_error_text(exc)})"
+        try:
+            import pydantic
+
+            if isinstance(exc, pydantic.ValidationError):
+                return True, f"malformed response shape ({exc.error_count()} validation error(s))"
+        except ImportError:  # pragma: no cover - pydantic is a dependency of openai
+            pass
+        return False, f"{type(exc).__name__}: {exc}"
+
+    def to_response(self, request: LLMRequest, raw: Any, attempts: int, latency_s: float) -> LLMResponse:
+        """The first choice's text and finish reason; completion tokens split into answer and reasoning tokens
+        (OpenAI counts reasoning inside completion_tokens; Gemini's counters keep thoughts apart)."""
+        choice = raw.choices[0]
+        message = choice.message
+        text = message.content if isinstance(message.content, str) else ""
+        finish_reason = str(choice.finish_reason) if choice.finish_reason is not None else None
+        refusal = getattr(message, "refusal", None)
+        if not text and refusal:
+            finish_reason = f"REFUSAL:{' '.join(str(refusal).split())[:200]}"
+        if not text and finish_reason == "length":
+            logger.warning("%s back end (model %s): empty answer cut at max_output_tokens=%d; raise it (reasoning "
+                           "models spend it on reasoning first)", self.name, self.config.model,
+                           request.max_output_tokens)
+        usage = getattr(raw, "usage", None)
+        prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
+        completion = int(getattr(usage, "completion_tokens", 0) or 0)
+        details = getattr(usage, "completion_tokens_details", None)
+        reasoning = min(completion, int(getattr(details, "reasoning_tokens", 0) or 0))
+        output_tokens = completion - reasoning
+        self.meter.add(prompt_tokens=prompt_tokens, output_tokens=output_tokens, thoughts_tokens=reasoning, calls=1)
+        return LLMResponse.answering(
+            request,
+            text,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            attempts=attempts,
+            latency_s=latency_s,
+            finish_reason=finish_reason,
+        )
+
+
+def read_openai_key(env_names: Sequence[str]) -> str:
+    """The key among `env_names` (first set wins), or MissingAPIKeyError naming them; for up-front checks."""
+    return remote.read_api_key(env_names, "openai back end")

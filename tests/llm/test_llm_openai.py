@@ -1,0 +1,523 @@
+"""The real `openai` client against a loopback OpenAI-compatible server (/v1/chat/completions): request shape,
+JSON-schema answers, usage, retries under 30% injected faults, one-line failures, caching, key hygiene and the
+command-line switch of a back-end block to kind=openai. No test waits for a backoff: sleeps are recorded."""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import pickle
+import random
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from icml_jax.llm import BackendError, LLMRequest, MissingAPIKeyError, ProxyInput, ProxyJudge, QualityInput, QualityJudge
+from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
+from icml_jax.llm.gemini import GeminiBackend, GeminiConfig
+from icml_jax.llm.openai_compat import NO_KEY, OpenAIBackend, OpenAIConfig
+from icml_jax.llm.registry import check_backend, make_backend
+
+MODEL = "gpt-test-model"
+KEY = "sk-test-SEKRIT-0123456789abcdef"
+SCHEMA = {"type": "object", "properties": {"score": {"type": "number"}, "reason": {"type": "string"}},
+          "required": ["score"]}
+FAULT_KINDS = ("429", "500", "stall", "bad_body", "no_choices", "bad_content")
+
+
+# -- the fake server --------------------------------------------------------------------------------------------
+
+
+def ok(text: str, prompt_tokens: int = 11, completion_tokens: int = 5, reasoning_tokens: int = 0) -> dict[str, Any]:
+    """A successful chat completion."""
+    return {"kind": "ok", "text": text, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "reasoning_tokens": reasoning_tokens}
+
+
+def status(code: int, message: str = "fault", headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """An HTTP error with OpenAI's error body (and extra headers, e.g. Retry-After)."""
+    return {"kind": "status", "code": code, "message": message, "headers": headers or {}}
+
+
+def slow(seconds: float) -> dict[str, Any]:
+    """An answer that comes after `seconds` (past the client's timeout)."""
+    return {"kind": "slow", "seconds": seconds, "then": ok("late")}
+
+
+FAULTS: dict[str, dict[str, Any]] = {
+    "429": status(429, "Rate limit reached", {"Retry-After": "2"}),
+    "500": status(500, "The server had an error"),
+    "stall": slow(2.5),
+    "bad_body": {"kind": "raw", "body": b'{"choices": [ {"message": '},  # 200, not JSON
+    "no_choices": {"kind": "raw", "body": b'{"id": "x", "object": "chat.completion", "choices": []}'},
+    "bad_content": ok("Sure! The score is high."),  # 200, valid body, content that is not the JSON asked for
+}
+
+
+class FakeOpenAI:
+    """Scripted server state: a queue of actions, then seeded faults, then a responder; what it saw and sent."""
+
+    def __init__(self) -> None:
+        """An idle server state: no script, no faults, the echo responder."""
+        self.lock = threading.Lock()
+        self.script: collections.deque[dict[str, Any]] = collections.deque()
+        self.responder: Callable[[dict[str, Any]], dict[str, Any]] = self.echo
+        self.requests: list[dict[str, Any]] = []
+        self.port = 0
+        self.fault_rate = 0.0
+        self.arrivals = 0  # requests not taken by the script, the ones faults are drawn for
+        self.faults: collections.Counter[str] = collections.Counter()
+        self.delivered_tokens = collections.Counter()  # usage of the answers that reached the client in time
+
+    @staticmethod
+    def echo(body: dict[str, Any]) -> dict[str, Any]:
+        """JSON for a schema request, else the prompt echoed."""
+        prompt = body["messages"][-1]["content"]
+        if "response_format" in body:
+            return ok(json.dumps({"score": 0.5, "reason": prompt}), 20, 9)
+        return ok("echo:" + prompt, 7, 3)
+
+    @property
+    def base_url(self) -> str:
+        """The /v1 root the client is pointed at."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def hits(self) -> int:
+        """Requests received so far (attempts, from the client's side)."""
+        with self.lock:
+            return len(self.requests)
+
+    def push(self, *actions: dict[str, Any]) -> None:
+        """Queues actions for the next requests, before any fault or responder."""
+        with self.lock:
+            self.script.extend(actions)
+
+    def inject_faults(self, rate: float) -> None:
+        """From now on answer a `rate` share of the requests not taken by the script with a fault, spread evenly
+        over the arrivals (exactly floor(rate x arrivals) faults); the faults take the kinds of FAULT_KINDS in
+        turn, so each kind is seen as often as the others."""
+        with self.lock:
+            self.fault_rate, self.arrivals = rate, 0
+
+    def next_action(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The script's next action, else an injected fault (counted by kind), else the responder's answer."""
+        with self.lock:
+            if self.script:
+                return self.script.popleft()
+            self.arrivals += 1
+            if int(self.arrivals * self.fault_rate) > int((self.arrivals - 1) * self.fault_rate):
+                kind = FAULT_KINDS[sum(self.faults.values()) % len(FAULT_KINDS)]
+                self.faults[kind] += 1
+                return FAULTS[kind]
+        return self.responder(body)
+
+
+def _handler(state: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        """Answers POST /v1/chat/completions with `state`'s next action."""
+
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            """Silent, to keep pytest output clean."""
+
+        def _send(self, code: int, payload: bytes, headers: dict[str, str] | None = None) -> bool:
+            """Writes one response; False when the client already gave up (timed out)."""
+            try:
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(payload)
+                return True
+            except (BrokenPipeError, ConnectionResetError):
+                return False  # the client gave up (timeout)
+
+        def do_POST(self) -> None:
+            """Records the request, then answers it as scripted, faulted or by the responder."""
+            raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            if self.path != "/v1/chat/completions":
+                self._send(404, json.dumps({"error": {"message": f"no route {self.path}"}}).encode())
+                return
+            body = json.loads(raw or b"{}")
+            with state.lock:
+                state.requests.append({"path": self.path, "body": body,
+                                       "authorization": self.headers.get("Authorization")})
+            action = state.next_action(body)
+            late = action["kind"] == "slow"
+            if late:
+                time.sleep(action["seconds"])
+                action = action["then"]
+            if action["kind"] == "ok":
+                usage = {"prompt_tokens": action["prompt_tokens"], "completion_tokens": action["completion_tokens"],
+                         "total_tokens": action["prompt_tokens"] + action["completion_tokens"]}
+                if action["reasoning_tokens"]:
+                    usage["completion_tokens_details"] = {"reasoning_tokens": action["reasoning_tokens"]}
+                payload = {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": body.get("model"),
+                           "choices": [{"index": 0, "finish_reason": "stop",
+                                        "message": {"role": "assistant", "content": action["text"]}}],
+                           "usage": usage}
+                if self._send(200, json.dumps(payload).encode()) and not late:
+                    with state.lock:
+                        state.delivered_tokens.update(prompt=action["prompt_tokens"],
+                                                      completion=action["completion_tokens"])
+            elif action["kind"] == "status":
+                err = {"error": {"message": action["message"], "type": "server_error", "code": None}}
+                self._send(action["code"], json.dumps(err).encode(), action["headers"])
+            elif action["kind"] == "raw":
+                self._send(200, action["body"])
+            else:  # pragma: no cover - test bug
+                raise AssertionError(action)
+
+    return Handler
+
+
+@pytest.fixture
+def fake_openai() -> Iterator[FakeOpenAI]:
+    """A running loopback OpenAI-compatible server (127.0.0.1 only), stopped after the test."""
+    state = FakeOpenAI()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    server.daemon_threads = True
+    state.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture
+def openai_env(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Only the test key in the environment (and no OPENAI_BASE_URL to send it elsewhere)."""
+    for name in ("OPENAI_BASE_URL", "OPENAI_ORG_ID", "OPENAI_PROJECT_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    return KEY
+
+
+def _backend(server: FakeOpenAI, *, sleeps: list[float] | None = None, **overrides: Any) -> OpenAIBackend:
+    """A back end on `server` with short timeouts and no real backoff (sleeps go to `sleeps`)."""
+    cfg: dict[str, Any] = dict(model=MODEL, base_url=server.base_url, timeout_s=2.0, timeout_tokens_per_s=None,
+                               max_concurrency=4, max_attempts=4, initial_backoff_s=0.001, max_backoff_s=5.0,
+                               jitter=0.0)
+    cfg.update(overrides)
+    return OpenAIBackend(OpenAIConfig(**cfg), sleep=(sleeps if sleeps is not None else []).append,
+                         rng=random.Random(0))
+
+
+# -- shape, structured output, usage ------------------------------------------------------------------------------
+
+
+def test_request_shape_text_json_and_usage(fake_openai, openai_env):
+    with _backend(fake_openai) as be:
+        plain, structured = be.generate([
+            LLMRequest(prompt="say hi", system="be nice", max_output_tokens=32, temperature=0.3),
+            LLMRequest(prompt="rate", json_schema=SCHEMA, task="proxy_judge"),
+        ])
+        usage = be.usage
+    assert plain.text == "echo:say hi" and plain.parsed is None and plain.attempts == 1
+    assert structured.parsed == {"score": 0.5, "reason": "rate"} and structured.ok_json
+    assert (plain.prompt_tokens, plain.output_tokens, plain.finish_reason) == (7, 3, "stop")
+    assert usage.prompt_tokens == 27 and usage.output_tokens == 12 and usage.calls == 2 and usage.retries == 0
+    reqs = sorted(fake_openai.requests, key=lambda r: r["body"]["messages"][-1]["content"])
+    rate, hi = reqs
+    assert all(r["authorization"] == f"Bearer {KEY}" and r["body"]["model"] == MODEL for r in reqs)
+    assert hi["body"]["messages"] == [{"role": "system", "content": "be nice"}, {"role": "user", "content": "say hi"}]
+    assert hi["body"]["max_tokens"] == 32 and hi["body"]["temperature"] == 0.3 and "response_format" not in hi["body"]
+    fmt = rate["body"]["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"] == SCHEMA
+    assert fmt["json_schema"]["name"] == "proxy_judge_answer" and fmt["json_schema"]["strict"] is False
+
+
+def test_reasoning_tokens_are_counted_as_thoughts(fake_openai, openai_env):
+    fake_openai.push(ok("done", prompt_tokens=10, completion_tokens=50, reasoning_tokens=40))
+    with _backend(fake_openai, max_tokens_field="max_completion_tokens") as be:
+        (r,) = be.generate([LLMRequest(prompt="x", max_output_tokens=64)])
+        usage = be.usage
+    assert (r.prompt_tokens, r.output_tokens) == (10, 10)
+    assert (usage.output_tokens, usage.thoughts_tokens, usage.total_tokens) == (10, 40, 60)
+    body = fake_openai.requests[-1]["body"]
+    assert body["max_completion_tokens"] == 64 and "max_tokens" not in body
+
+
+def test_structured_output_modes(fake_openai, openai_env):
+    fake_openai.responder = lambda body: ok('{"score": 0.25}')
+    for mode, expected in (("json_object", {"type": "json_object"}), ("prompt_only", None)):
+        with _backend(fake_openai, structured_output=mode) as be:
+            (r,) = be.generate([LLMRequest(prompt="x", json_schema=SCHEMA)])
+        assert r.parsed == {"score": 0.25}
+        assert fake_openai.requests[-1]["body"].get("response_format") == expected
+    with pytest.raises(ValueError, match="structured_output"):
+        OpenAIConfig(structured_output="xml")
+
+
+def test_a_server_rejecting_json_schema_names_the_fallback(fake_openai, openai_env):
+    fake_openai.push(status(400, "response_format type 'json_schema' is not supported"))
+    with _backend(fake_openai) as be:
+        with pytest.raises(BackendError, match=r"1 attempt\(s\) of 4 \(not retryable\)") as ei:
+            be.generate([LLMRequest(prompt="x", json_schema=SCHEMA)])
+    assert "structured_output=prompt_only" in str(ei.value) and fake_openai.hits == 1
+
+
+def _judged(backend: Any) -> tuple[list[Any], list[Any]]:
+    """Proxy and quality verdicts of one item each through `backend`."""
+    proxy = ProxyJudge(backend).judge([ProxyInput("I am a nurse.")])
+    quality = QualityJudge(backend).judge([QualityInput(history=(), utterance="hi", reply="hello", memory=None)])
+    return proxy, quality
+
+
+def test_structured_answers_parse_into_the_same_types_as_gemini(fake_openai, openai_env, fake_gemini, gemini_env):
+    quality = {"reason": "fine", "engagingness": 4, "humanness": 5, "memorability": 3, "coherence": 4,
+               "consistency": 5}
+
+    def answer(prompt_is_quality: bool) -> str:
+        """The same JSON verdict for either back end."""
+        return json.dumps(quality if prompt_is_quality else {"reason": "a job", "score": 0.75})
+
+    fake_openai.responder = lambda body: ok(answer("engagingness" in body["messages"][-1]["content"]))
+    fake_gemini.responder = lambda body: fake_gemini.ok(answer("engagingness" in body["contents"][0]["parts"][0]["text"]))
+    with _backend(fake_openai) as oa:
+        from_openai = _judged(oa)
+    gemini = GeminiBackend(GeminiConfig(model="gemini-test", base_url=fake_gemini.base_url, max_attempts=2))
+    with gemini:
+        from_gemini = _judged(gemini)
+    assert from_openai == from_gemini
+    (proxy,), (qual,) = from_openai
+    assert proxy.ok and proxy.score == 0.75 and qual.ok and qual.dimensions["humanness"] == 5
+
+
+# -- faults ---------------------------------------------------------------------------------------------------------
+
+
+# What the client logs for each injected fault kind when it retries (bad content is an answer, not retried).
+RETRY_CAUSES = {"429": "HTTP 429 from", "500": "HTTP 500 from", "stall": "timeout error after",
+                "bad_body": "malformed response body (JSONDecodeError", "no_choices": "malformed response body "
+                "(MalformedAnswer", "transport": "transport error"}
+
+
+def test_thirty_percent_faults_complete_with_every_fault_counted(fake_openai, openai_env, caplog):
+    n = 100
+    caplog.set_level(logging.WARNING, logger="icml_jax.llm.remote")
+    fake_openai.inject_faults(0.3)
+    sleeps: list[float] = []
+    t0 = time.monotonic()
+    with _backend(fake_openai, sleeps=sleeps, timeout_s=1.0, max_attempts=8, max_concurrency=8) as be:
+        out = be.generate_each([LLMRequest(prompt=f"item {i}", json_schema=SCHEMA) for i in range(n)])
+        usage = be.usage
+    seconds = time.monotonic() - t0
+    faults = fake_openai.faults
+    retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+    by_cause = {kind: sum(cause in m for m in retries) for kind, cause in RETRY_CAUSES.items()}
+    print(f"\nopenai 30% faults: {n} requests, {fake_openai.hits} attempts, faults {dict(sorted(faults.items()))}, "
+          f"{usage.retries} retries {by_cause}, {seconds:.2f}s")
+    assert all(not isinstance(r, BackendError) for r in out)  # every request answered
+    assert sum(faults.values()) == int(0.3 * fake_openai.hits) and all(faults[k] >= 5 for k in FAULT_KINDS)
+    assert usage.calls == n and usage.failures == 0
+    for kind in FAULT_KINDS[:-1]:  # every retryable fault the server injected is one retry, logged with its cause
+        assert by_cause[kind] == faults[kind], kind
+    # a retry the server never saw can only be a transport error (e.g. a pooled connection the server closed)
+    assert usage.retries == len(retries) == sum(by_cause.values())
+    assert usage.attempts == n + usage.retries == fake_openai.hits + by_cause["transport"]
+    assert sum(r.parse_error is not None for r in out) == faults["bad_content"]  # judges re-ask these
+    assert [r.parsed["reason"] for r in out if r.ok_json] == [f"item {i}" for i, r in enumerate(out) if r.ok_json]
+    assert sum(s >= 2.0 for s in sleeps) == faults["429"]  # Retry-After: 2 is a floor of that wait
+    assert usage.prompt_tokens == fake_openai.delivered_tokens["prompt"]  # late (stalled) answers are not counted
+    assert usage.output_tokens == fake_openai.delivered_tokens["completion"]
+    assert seconds < 15.0
+
+
+@pytest.mark.parametrize("kind, cause", [("429", "HTTP 429 from http://127.0.0.1"), ("500", "HTTP 500 from"),
+                                         ("stall", "timeout error after 0.2s"),
+                                         ("bad_body", "malformed response body"),
+                                         ("no_choices", "malformed response body (MalformedAnswer")])
+def test_every_request_faulting_ends_in_one_line(fake_openai, openai_env, caplog, kind, cause):
+    fake_openai.responder = lambda body: FAULTS[kind]
+    caplog.set_level(logging.WARNING)
+    with _backend(fake_openai, timeout_s=0.2, max_attempts=2) as be:
+        with pytest.raises(BackendError) as ei:
+            be.generate([LLMRequest(prompt="x")])
+        usage = be.usage
+    err = ei.value
+    msg = str(err)
+    assert "\n" not in msg and msg.startswith(f"openai (model {MODEL}) back end: request failed after 2 attempt(s)")
+    assert cause in msg and err.retryable and fake_openai.hits == 2
+    assert err.__cause__ is None and err.__suppress_context__  # no chained SDK traceback under it
+    shown = "".join(traceback.format_exception(err))
+    assert "During handling" not in shown and "direct cause" not in shown and "openai._exceptions" not in shown
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in errors] == [msg] and errors[0].exc_info is None
+    assert usage.failures == 1 and usage.attempts == 2 and usage.calls == 0
+
+
+def test_a_dead_server_ends_the_cli_in_one_line(fake_openai, openai_env, capsys):
+    from icml_jax import main as job
+
+    fake_openai.responder = lambda body: FAULTS["500"]
+    with _backend(fake_openai, max_attempts=3) as be:
+        (each,) = be.generate_each([LLMRequest(prompt="x")])  # batch callers get the failure in its place
+        with pytest.raises(BackendError) as ei:
+            be.generate([LLMRequest(prompt="x")])
+    assert isinstance(each, BackendError) and str(each) == str(ei.value) and fake_openai.hits == 6
+    assert job.user_error(ei.value) is ei.value  # a user error: the CLIs print it, no traceback
+    with pytest.raises(SystemExit) as code:
+        job.fail("main", ei.value, debug=False)
+    lines = capsys.readouterr().err.splitlines()
+    assert code.value.code == 2 and len(lines) == 1
+    assert lines[0].startswith(f"main error: openai (model {MODEL}) back end: request failed after 3 attempt(s)")
+    assert "HTTP 500" in lines[0] and "The server had an error" in lines[0]
+
+
+def test_client_errors_are_not_retried_and_name_the_server(fake_openai, openai_env):
+    fake_openai.responder = lambda body: status(404, f"The model '{MODEL}' does not exist")
+    with _backend(fake_openai) as be:
+        with pytest.raises(BackendError, match=r"1 attempt\(s\) of 4 \(not retryable\).*HTTP 404.*does not exist"):
+            be.generate([LLMRequest(prompt="x")])
+    assert fake_openai.hits == 1
+
+
+def test_retry_after_ms_and_exponential_backoff(fake_openai, openai_env):
+    fake_openai.push(status(429, "slow", {"retry-after-ms": "1500"}), status(503), status(502), ok("finally"))
+    sleeps: list[float] = []
+    with _backend(fake_openai, sleeps=sleeps, initial_backoff_s=0.01) as be:
+        (r,) = be.generate([LLMRequest(prompt="x")])
+    assert r.text == "finally" and r.attempts == 4 and sleeps == pytest.approx([1.5, 0.02, 0.04])
+
+
+# -- caching, keys, config ------------------------------------------------------------------------------------------
+
+
+def test_cached_answers_are_not_requested_twice(fake_openai, openai_env, tmp_path):
+    block = {"kind": "openai", "model": MODEL, "base_url": fake_openai.base_url, "api_key_env": ["OPENAI_API_KEY"]}
+    requests = [LLMRequest(prompt=f"p{i}", json_schema=SCHEMA if i % 2 else None) for i in range(6)]
+    for run in range(2):  # a second run (new back end, same cache file) sends nothing
+        cache = ResponseCache(tmp_path / "cache.sqlite")
+        with make_backend(block) as be:
+            cached = CachedBackend(be, cache, answer_namespace(block), per_request=True)
+            first = cached.generate(requests + requests[:2])
+            again = cached.generate_each(requests)
+        cache.close()
+        assert first[:6] == again and [r.parsed for r in first[6:]] == [r.parsed for r in first[:2]]
+        assert fake_openai.hits == 6, f"run {run}"
+        assert cached.misses == (6 if run == 0 else 0) and cached.answered["calls"] == 14
+
+
+def test_key_never_reaches_a_file_or_a_log(fake_openai, openai_env, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)  # every logger, the SDK's and httpx2's included
+    log_file = tmp_path / "run.log"
+    handler = logging.FileHandler(log_file)
+    handler.setLevel(logging.DEBUG)
+    logging.getLogger().addHandler(handler)
+    seen: list[str] = []
+    try:
+        block = {"kind": "openai", "model": MODEL, "base_url": fake_openai.base_url, "timeout_s": 0.2,
+                 "timeout_tokens_per_s": None, "max_attempts": 6, "initial_backoff_s": 0.0, "jitter": 0.0}
+        cache = ResponseCache(tmp_path / "eval" / "cache.sqlite")
+        be = make_backend(block, sleep=lambda s: None)
+        seen += [repr(be), str(be), repr(be.config)]
+        cached = CachedBackend(be, cache, answer_namespace(block), per_request=True)
+        fake_openai.push(FAULTS["429"], FAULTS["500"], FAULTS["stall"], FAULTS["bad_body"], ok("fine"))
+        cached.generate([LLMRequest(prompt="x")])
+        fake_openai.push(status(401, f"Incorrect API key provided: {KEY}"))  # a server echoing the key
+        (failed,) = cached.generate_each([LLMRequest(prompt="y")])
+        fake_openai.responder = lambda body: status(500, f"boom for key {KEY}")
+        with pytest.raises(BackendError) as ei:
+            cached.generate([LLMRequest(prompt="z")])
+        (tmp_path / "metrics.jsonl").write_text(json.dumps({**be.usage.as_metrics(), "backend": repr(be),
+                                                            "namespace": cached.namespace}) + "\n")
+        cached.close()
+        cache.close()
+        with pytest.raises(TypeError):
+            pickle.dumps(be)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    assert isinstance(failed, BackendError) and "<redacted>" in str(failed) and "<redacted>" in str(ei.value)
+    for e in (failed, ei.value):
+        seen += [str(e), repr(e), "".join(traceback.format_exception(e))]
+    assert caplog.records and log_file.stat().st_size > 0
+    blob = "\n".join(seen) + caplog.text + "".join(str(r.__dict__) for r in caplog.records)
+    assert KEY not in blob
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert {"cache.sqlite", "run.log", "metrics.jsonl"} <= {p.name for p in files}
+    for path in files:  # the SQLite file and its WAL included
+        assert KEY.encode() not in path.read_bytes(), path
+
+
+def test_key_from_the_named_variable_and_no_key_for_local_servers(fake_openai, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(MissingAPIKeyError, match="openai back end: no API key found; set one of OPENAI_API_KEY"):
+        _backend(fake_openai)
+    monkeypatch.setenv("VLLM_KEY", "vllm-key")
+    with _backend(fake_openai, api_key_env="VLLM_KEY") as be:  # one name, as a string or a 1-tuple
+        be.generate([LLMRequest(prompt="x")])
+    with _backend(fake_openai, api_key_env=()) as be:  # a server without a key
+        be.generate([LLMRequest(prompt="x")])
+    assert [r["authorization"] for r in fake_openai.requests] == ["Bearer vllm-key", f"Bearer {NO_KEY}"]
+
+
+def test_config_checks_and_registry(fake_openai, openai_env):
+    assert check_backend({"kind": "openai", "model": "gpt-4o", "api_key_env": None})["model"] == "gpt-4o"
+    for bad, match in (({"model": ""}, "model"), ({"max_concurrency": 0}, "max_concurrency"),
+                       ({"base_url": "localhost:8000"}, "http"), ({"max_tokens_field": "n"}, "max_tokens_field"),
+                       ({"jitter": 2.0}, "jitter")):
+        with pytest.raises(ValueError, match=match):
+            check_backend({"kind": "openai", **bad}, "config.llm.judge")
+    with pytest.raises(ValueError, match="unknown config key"):
+        check_backend({"kind": "openai", "modle": MODEL})
+
+
+def _command_line(*overrides: str) -> Any:
+    """configs/base.py with `overrides` parsed as `python -m icml_jax.main` parses them (absl config flags)."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    from icml_jax.configlib import CHECKOUT
+
+    argv = ["main", f"--config={CHECKOUT / 'configs' / 'base.py'}", *overrides]
+    fv = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, flag_values=fv, lock_config=True, sys_argv=argv)
+    fv(argv)
+    return fv.config
+
+
+def test_a_gemini_block_switched_to_openai_on_the_command_line(fake_openai, openai_env, monkeypatch):
+    monkeypatch.setenv("GEMINI_API_KEY", "gemini-key-must-stay-home")
+    config = _command_line("--config.llm.judge.kind=openai", "--config.llm.judge.model=gpt-4o-mini",
+                           f"--config.llm.judge.base_url={fake_openai.base_url}", "--config.llm.judge.max_attempts=2",
+                           "--config.llm.judge.strict_schema=True")
+    values = check_backend(config.llm.judge, "config.llm.judge")
+    assert values["kind"] == "openai" and values["model"] == "gpt-4o-mini" and values["strict_schema"] is True
+    with make_backend(config.llm.judge) as be:
+        assert be.config.api_key_env == ("OPENAI_API_KEY",) and be.config.max_attempts == 2
+        (r,) = be.generate([LLMRequest(prompt="hi", json_schema=SCHEMA)])
+    assert r.ok_json and fake_openai.requests[-1]["authorization"] == f"Bearer {KEY}"  # not the Gemini key
+    assert fake_openai.requests[-1]["body"]["response_format"]["json_schema"]["strict"] is True
+    config = _command_line("--config.llm.generator.kind=openai", "--config.llm.generator.api_key_env=VLLM_KEY",
+                           "--config.llm.generator.base_url=http://localhost:8000/v1",
+                           "--config.llm.generator.max_tokens_field=max_completion_tokens")
+    gen = check_backend(config.llm.generator, "config.llm.generator")
+    assert gen["api_key_env"] == ("VLLM_KEY",) and gen["max_tokens_field"] == "max_completion_tokens"
+    assert gen["base_url"] == "http://localhost:8000/v1"
+    local = _command_line("--config.llm.generator.kind=openai", "--config.llm.generator.api_key_env=()")
+    with make_backend(local.llm.generator) as be:  # README's flag for a server without a key
+        assert be.config.api_key_env == ()
+    judge = check_backend(config.llm.judge, "config.llm.judge")  # untouched: still Gemini, with Gemini's key names
+    with pytest.raises(AttributeError, match="strict"):  # a misspelt knob fails on the command line
+        _command_line("--config.llm.judge.kind=openai", "--config.llm.judge.strict=True")
+    from icml_jax.llm.registry import KIND_DEFAULT_IF_NONE, dataclass_from_config
+
+    assert judge["kind"] == "gemini" and dataclass_from_config(GeminiConfig, judge, unset_if_none=KIND_DEFAULT_IF_NONE
+                                                               ).api_key_env == ("GEMINI_API_KEY", "GOOGLE_API_KEY")
