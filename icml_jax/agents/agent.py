@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 
 from icml_jax.agents import observation as obs
+from icml_jax.agents.prefilter import Prefilter, memory_document
 from icml_jax.agents.policy import MemoryPolicies, planner_act, trigger_act
 from icml_jax.llm.generation import Reply, ReplyInput, generate_replies
 from icml_jax.llm.types import LLMBackend
@@ -204,11 +205,14 @@ class MemoryAgent:
         condenser: LLMBackend | None = None,
         config: AgentConfig | None = None,
         seed: int = 0,
+        prefilter: Prefilter | None = None,
     ) -> None:
         self.policies, self.tokenizer, self.store = policies, tokenizer, store
         self.generator = generator
         self.condenser = condenser or generator
         self.config = config or AgentConfig()
+        # which memories the policies read (`config.observation.prefilter`): built once here, shared per process
+        self.prefilter = prefilter or self.config.observation.make_prefilter()
         self.key = jax.random.key(seed)
         self._pool: cf.ThreadPoolExecutor | None = None  # made by the first remote `step` without a pool
 
@@ -229,7 +233,7 @@ class MemoryAgent:
         session: int = 0,
         turn: int = 0,
     ) -> tuple[TriggerDecision, Fragment | None]:
-        """The Trigger's choice among `user_id`'s memories (the lexical prefilter's candidates) for `utterance`."""
+        """The Trigger's choice among `user_id`'s memories (the prefilter's candidates) for `utterance`."""
         return self.choose_memories([TurnInput(user_id, utterance, tuple(history), episode_id, session, turn)])[0]
 
     def choose_memories(self, turns: Sequence[TurnInput], keys: np.ndarray | None = None
@@ -238,7 +242,7 @@ class MemoryAgent:
         (raw key data; None: the agent's stream) make each draw depend on its own key only. Each receipt keeps its rows as
         scored alone (`encode_trigger` of one turn), so the update sees the same arrays whatever the batch."""
         cfg = self.config
-        candidates = [self.store.candidates(t.user_id, t.utterance, cfg.observation.max_candidates) for t in turns]
+        candidates = self.candidates(turns)
         if cfg.trigger_rule == "lexical":
             return [self._lexical_choice(t.base, t.utterance, c) for t, c in zip(turns, candidates, strict=True)]
         rows = []
@@ -262,6 +266,15 @@ class MemoryAgent:
                 cand_mask=cand_mask)
             out.append((trigger, cands[a - 1] if a else None))
         return out
+
+    def candidates(self, turns: Sequence[TurnInput]) -> list[list[Fragment]]:
+        """Each turn's Trigger candidates: all of its user's current memories while they fit under
+        `observation.max_candidates`, else the prefilter's best that many, in creation order (one prefilter call
+        for all turns: one encoder batch for the embedding prefilter)."""
+        frags = [self.store.fragments(t.user_id, current_only=True) for t in turns]
+        documents = [[memory_document(f) for f in fs] for fs in frags]
+        picked = self.prefilter.capped([t.utterance for t in turns], documents, self.config.observation.max_candidates)
+        return [[fs[i] for i in idx] for fs, idx in zip(frags, picked, strict=True)]
 
     @staticmethod
     def _lexical_choice(base: str, utterance: str, candidates: Sequence[Fragment]
@@ -377,12 +390,7 @@ class MemoryAgent:
             return [PlannerDecision(t.base + "/planner", True, 1.0, 0.0, 0.0, 0.0, _NO_TOKENS,
                                     _NO_TOKENS.astype(bool)) for t in turns]
         rows = []
-        for t in turns:
-            shown: list[str] = []
-            if cfg.observation.planner_memories:  # M_k before this turn's save, the most similar few
-                frags = self.store.fragments(t.user_id, current_only=True)
-                shown = [frags[i].text for i in obs.planner_memory_indices(
-                    t.utterance, [f"{f.text} {f.source_text}" for f in frags], cfg.observation)]
+        for t, shown in zip(turns, self._planner_memories(turns), strict=True):
             text = obs.planner_text(t.history, t.utterance, cfg.observation, shown)
             tokens, mask = obs.encode_planner(self.tokenizer, [text], cfg.observation)
             rows.append((tokens[0], mask[0]))
@@ -398,6 +406,17 @@ class MemoryAgent:
                 logp=float(stats.logp[i]), entropy=float(stats.entropy[i]), value=float(stats.value[i]),
                 tokens=tokens, mask=mask))
         return out
+
+    def _planner_memories(self, turns: Sequence[TurnInput]) -> list[list[str]]:
+        """M_k before each turn's save: the notes of the `observation.planner_memories` memories most similar to
+        the utterance, most similar first (one prefilter call for all turns)."""
+        k = self.config.observation.planner_memories
+        if not k:
+            return [[] for _ in turns]
+        frags = [self.store.fragments(t.user_id, current_only=True) for t in turns]
+        documents = [[memory_document(f) for f in fs] for fs in frags]
+        picked = self.prefilter.similar([t.utterance for t in turns], documents, k)
+        return [[fs[i].text for i in idx] for fs, idx in zip(frags, picked, strict=True)]
 
     def step(
         self,

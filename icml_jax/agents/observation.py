@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from icml_jax.memory.lexical import most_similar
+from icml_jax.agents.prefilter import PREFILTERS, Prefilter, prefilter_for
 from icml_jax.models.sampler import bucket
 
 Dialogue = Sequence[tuple[str, str]]  # (speaker, text), oldest first
@@ -24,16 +24,29 @@ class ObservationConfig:
     context_turns: int = 4  # recent dialogue turns shown with the utterance
     max_length: int = 256  # tokens per sequence; longer ones keep their end (the utterance)
     min_length_bucket: int = 32
-    max_candidates: int = 15  # memories scored per turn (15 + "none" = a 16-wide bucket); a lexical prefilter
-    # picks them from the store when it holds more
+    max_candidates: int = 15  # memories scored per turn (15 + "none" = a 16-wide bucket); the prefilter picks
+    # them from the store when it holds more
     min_candidate_bucket: int = 2
     planner_memories: int = 2  # stored memories shown to the Planner (Algorithm 1's o_k = (u_k, H_k, M_k)): the
-    # most similar few to the utterance (BM25, `memory.lexical.most_similar`), so it can see a duplicate coming;
-    # 0 = the utterance and dialogue only. 2 measured fewer duplicate saves on the persona world (docs/fidelity.md)
+    # most similar few to the utterance (by the prefilter), so it can see a duplicate coming; 0 = the utterance
+    # and dialogue only. 2 measured fewer duplicate saves on the persona world (docs/fidelity.md)
+    prefilter: str = "bm25"  # how both are picked (`agents.prefilter`): bm25 (word overlap, `memory.lexical`) |
+    # embedding (cosine of sentence embeddings from prefilter_model)
+    prefilter_model: str = ""  # the embedding prefilter's local BERT sentence-encoder directory; "" = the fetched
+    # all-minilm-l6-v2 (`python -m icml_jax.models.fetch all-minilm-l6-v2`)
 
     def __post_init__(self) -> None:
         if self.max_length < self.min_length_bucket or self.max_candidates < 1 or self.planner_memories < 0:
             raise ValueError(f"invalid observation config {self}")
+        if self.prefilter not in PREFILTERS:
+            raise ValueError(f"observation.prefilter must be one of {PREFILTERS}, got {self.prefilter!r}")
+        if self.prefilter_model and self.prefilter != "embedding":
+            raise ValueError(f"observation.prefilter_model={self.prefilter_model!r} is only read by "
+                             f"prefilter='embedding' (prefilter is {self.prefilter!r})")
+
+    def make_prefilter(self) -> Prefilter:
+        """The prefilter these settings name (one per process and setting: `agents.prefilter.prefilter_for`)."""
+        return prefilter_for(self.prefilter, self.prefilter_model)
 
 
 def _context(history: Dialogue, utterance: str, turns: int) -> str:
@@ -51,10 +64,13 @@ def planner_text(history: Dialogue, utterance: str, config: ObservationConfig, m
         "\nSave this user turn to long-term memory?"
 
 
-def planner_memory_indices(utterance: str, memories: Sequence[str], config: ObservationConfig) -> list[int]:
+def planner_memory_indices(utterance: str, memories: Sequence[str], config: ObservationConfig,
+                           prefilter: Prefilter | None = None) -> list[int]:
     """Which of `memories` (oldest first) the Planner sees: the `config.planner_memories` most similar to the
-    utterance (BM25 > 0), most similar first."""
-    return most_similar(utterance, memories, config.planner_memories)
+    utterance by `prefilter` (None: `config.make_prefilter()`; BM25 keeps only those sharing a word), most
+    similar first."""
+    prefilter = prefilter or config.make_prefilter()
+    return prefilter.similar([utterance], [memories], config.planner_memories)[0]
 
 
 def trigger_texts(history: Dialogue, utterance: str, memories: Sequence[str], config: ObservationConfig) -> list[str]:

@@ -8,7 +8,10 @@ UUIDs), which answers one event as JSON: ADD (a new memory), UPDATE (memory id a
 that memory's text; its source turns gain this turn), DELETE (memory id) or NOOP. Facts are applied one after
 another, so a later fact of the same turn sees the earlier one's effect. A reply gets the top-k
 (`baselines.top_k`) memories by similarity to the utterance: cosine of embeddings (`mem0.relevance = "dense"`,
-Mem0's vector store; always k memories when there are k) or BM25 (only memories sharing a word). `saved` is
+Mem0's vector store; always k memories when there are k) or BM25 (only memories sharing a word). The embeddings
+are the dense baseline's (`baselines.encoder_model`, `encoder.encoder_from_config`): a BERT sentence encoder
+directory, e.g. all-MiniLM-L6-v2 from `python -m icml_jax.models.fetch all-minilm-l6-v2`, gives real sentence
+embeddings; the default (the backbone, random with `model.kind = "tiny"`) mean-pools a decoder. `saved` is
 True when the turn added or updated a memory. Simplified: no conversation summary in the extraction prompt, no
 graph memory (Mem0^g), one decision call per fact rather than one per turn.
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,9 @@ from icml_jax.memory.lexical import most_similar
 from icml_jax.synthesis.seeds import stable_hash
 
 Dialogue = tuple[tuple[str, str], ...]
+# (queries, documents per query, k) -> per query the indices of the k most similar documents, best first: the
+# online agent's Planner view (`agents.prefilter.Prefilter.similar`)
+Similar = Callable[[Sequence[str], Sequence[Sequence[str]], int], list[list[int]]]
 SOURCES = ("positive", "hard", "soft")
 
 
@@ -103,12 +106,18 @@ def _history(ep: Episode, ref: TurnRef) -> Dialogue:
     return tuple((t.speaker, t.text) for t in ep.sessions[ref.session].turns[: ref.turn])
 
 
-def planner_examples(episodes: Sequence[Episode], user_speaker: str, memories: int = 0) -> list[PlannerExample]:
+def _bm25_similar(queries: Sequence[str], documents: Sequence[Sequence[str]], k: int) -> list[list[int]]:
+    return [most_similar(q, d, k) for q, d in zip(queries, documents, strict=True)]
+
+
+def planner_examples(episodes: Sequence[Episode], user_speaker: str, memories: int = 0,
+                     similar: Similar | None = None) -> list[PlannerExample]:
     """Every labelled user turn of every episode, in order. With `memories` > 0 each example carries the
     memories the expert holds at that turn (its earlier y_p turns, as notes: `meta["memory"]` where the
     synthesis condensed them, else the text), the `memories` most similar to the utterance, most similar first,
-    picked as the online agent picks them (BM25 over note and turn text, `memory.lexical.most_similar`)."""
-    out = []
+    picked as the online agent picks them: by `similar` over note and turn text (the agent's prefilter,
+    `observation.prefilter`; None: BM25, `memory.lexical.most_similar`), every turn ranked in one call."""
+    rows = []  # (episode, ref, turn, needed, note and turn text of the expert's saves before it)
     for ep in episodes:
         needed = {r for s in ep.sessions for t in s.turns for r in (t.y_t or ())}
         held: list[tuple[str, str]] = []  # (note, turn text) of the expert's saves so far
@@ -116,13 +125,16 @@ def planner_examples(episodes: Sequence[Episode], user_speaker: str, memories: i
             turn = ep.turn(ref)
             if turn.y_p is None:
                 continue
-            gain = float(turn.meta.get("gain", 1.0 if turn.y_p else 0.0))
-            shown = tuple(held[i][0] for i in most_similar(turn.text, [f"{n} {t}" for n, t in held], memories))
-            out.append(PlannerExample(ep.episode_id, ref, _history(ep, ref), turn.text, bool(turn.y_p), gain,
-                                      ref in needed, shown))
+            rows.append((ep, ref, turn, ref in needed, tuple(held)))
             if turn.y_p:
                 held.append((str(turn.meta.get("memory", turn.text)), turn.text))
-    return out
+    picked = (similar or _bm25_similar)([turn.text for _, _, turn, _, _ in rows],
+                                        [[f"{n} {t}" for n, t in held] for *_, held in rows], memories) \
+        if memories > 0 and rows else [[] for _ in rows]
+    return [PlannerExample(ep.episode_id, ref, _history(ep, ref), turn.text, bool(turn.y_p),
+                           float(turn.meta.get("gain", 1.0 if turn.y_p else 0.0)), needed,
+                           tuple(held[i][0] for i in idx))
+            for (ep, ref, turn, needed, held), idx in zip(rows, picked, strict=True)]
 
 
 def _seed_of(ep: Episode) -> str:

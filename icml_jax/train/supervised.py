@@ -214,8 +214,9 @@ class EncodedData:
 def encode_data(tokenizer, data: ExpertData, config: WarmupConfig) -> EncodedData:
     """Encodes train and held-out together (same buckets, so training and scoring compile once per agent)."""
     k = config.observation.planner_memories  # the expert's memories in the Planner's observation, as online
-    p_train = planner_examples(data.train_episodes, data.user_speaker, memories=k)
-    p_held = planner_examples(data.heldout_episodes, data.user_speaker, memories=k)
+    similar = config.observation.make_prefilter().similar if k else None  # ranked as the online agent ranks them
+    p_train = planner_examples(data.train_episodes, data.user_speaker, memories=k, similar=similar)
+    p_held = planner_examples(data.heldout_episodes, data.user_speaker, memories=k, similar=similar)
     t_train, t_held = list(data.train_trigger), list(data.heldout_trigger)
     if not p_train or not t_train:
         raise ValueError(f"warm-up needs planner and trigger training examples, got {len(p_train)} and "
