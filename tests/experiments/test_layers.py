@@ -1,5 +1,6 @@
 """The package's layering: the experiments, the evaluation and the baselines sit on top; nothing below them
-imports them, and the LLM back ends know nothing of the synthesis that uses them."""
+imports them, no library module imports the `icml_jax.main` entry point, and the LLM back ends know nothing of
+the synthesis that uses them."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import icml_jax
 ROOT = Path(icml_jax.__file__).parent
 TOP = ("icml_jax.experiments", "icml_jax.evaluation", "icml_jax.evaluate", "icml_jax.baselines")
 BELOW = ("agents", "rl", "train", "synthesis", "llm", "models", "data", "memory", "parallel.py", "runlog.py",
-         "main.py", "chat.py")
+         "main.py", "chat.py", "stages", "cli.py", "runspec.py", "validation.py", "workdir.py", "builders.py",
+         "pipeline.py", "configlib.py")
+ENTRY = "icml_jax.main"  # only entry points import it: `python -m icml_jax.main`, notebooks, scripts
 
 
 def _imports(path: Path) -> set[str]:
@@ -37,6 +40,13 @@ def _files(part: str) -> list[Path]:
 def test_nothing_below_imports_the_top_layer(part):
     bad = {f"{f.relative_to(ROOT)}: {m}" for f in _files(part) for m in _imports(f) if m.startswith(TOP)}
     assert not bad, f"modules below the experiments layer import it: {sorted(bad)}"
+
+
+def test_no_library_module_imports_the_main_entry_point():
+    files = [f for f in sorted(ROOT.rglob("*.py")) if f != ROOT / "main.py"]
+    bad = {f"{f.relative_to(ROOT)}: {m}" for f in files for m in _imports(f)
+           if m == ENTRY or m.startswith(f"{ENTRY}.")}
+    assert not bad, f"library modules import the entry point {ENTRY}: {sorted(bad)}"
 
 
 def test_the_llm_back_ends_do_not_import_the_synthesis():
