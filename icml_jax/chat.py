@@ -113,12 +113,14 @@ class ChatModel:
     agent_config: Any  # AgentConfig (greedy)
     speakers: tuple[str, str]  # (user, assistant) labels of the history the policies were trained on
     limits: TextLimits = dataclasses.field(default_factory=TextLimits)  # the run's config.limits
+    policy_version: str = "0"  # the loaded policy's (its metadata's, else the checkpoint dir's name)
 
     def agent(self, store: Any) -> Any:
         """A MemoryAgent on `store` (greedy: deterministic for a given policy and memory)."""
         from icml_jax.agents.agent import MemoryAgent
 
-        return MemoryAgent(self.policies, self.tokenizer, store, self.generator, config=self.agent_config)
+        return MemoryAgent(self.policies, self.tokenizer, store, self.generator, config=self.agent_config,
+                           policy_version=self.policy_version)
 
     def close(self) -> None:
         """Releases the back end (e.g. Gemini's connection pool)."""
@@ -156,8 +158,7 @@ def load_model(workdir: str | Path) -> ChatModel:
     policies.eval()  # adapter dropout off
     world = config.data.get("world") or {}
     agent_config = dataclasses.replace(  # the chat's own rules: the learned policies always decide
-        spec.agent, planner_rule="policy", trigger_rule="policy", greedy=True,
-        policy_version=str(meta.get("policy_version", checkpoint.name)))
+        spec.agent, planner_rule="policy", trigger_rule="policy", greedy=True)
     speakers = tuple(str(world.get(k, field_default(PersonaWorldConfig, k))) for k in ("user_speaker",
                                                                                        "assistant_speaker"))
     try:  # a run written before config.limits existed gets the defaults
@@ -165,7 +166,8 @@ def load_model(workdir: str | Path) -> ChatModel:
     except (TypeError, ValueError) as exc:
         generator.close()
         raise ChatError(f"config.limits of {workdir}/{CONFIG_FILE}: {exc}") from None
-    return ChatModel(workdir, checkpoint, note, policies, tokenizer, generator, agent_config, speakers, limits)
+    return ChatModel(workdir, checkpoint, note, policies, tokenizer, generator, agent_config, speakers, limits,
+                     policy_version=str(meta.get("policy_version", checkpoint.name)))
 
 
 class ChatSession:

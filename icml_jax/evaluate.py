@@ -181,10 +181,9 @@ def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
                                     config=spec.learner)
             agent = LearningAgent(learner)
         else:
-            agent_config = dataclasses.replace(spec.agent, greedy=True,
-                                               policy_version=str(meta.get("policy_version", ckpt.name)))
-            agent = PolicyAgent(MemoryAgent(policies, ctx.tokenizer, ctx.store, ctx.generator, config=agent_config,
-                                            seed=int(config.seed)))
+            agent = PolicyAgent(MemoryAgent(policies, ctx.tokenizer, ctx.store, ctx.generator,
+                                            config=dataclasses.replace(spec.agent, greedy=True), seed=int(config.seed),
+                                            policy_version=str(meta.get("policy_version", ckpt.name))))
         return agent, {"checkpoint": str(ckpt)}
 
     return build
