@@ -1,5 +1,6 @@
 """Base config (paper defaults) for `python -m icml_jax.main`: every block is built from the `default_config()`
-of the module that reads it, so the defaults live (and are tested) next to the code.
+or the dataclass of the module that reads it (`icml_jax.runspec.RunSpec` builds the typed configs back), so each
+default is defined once, next to the code, and tests/test_runspec.py checks that they agree.
 
 Blocks: mode (stages in order), data, model, policy, lora, parallel, llm (generator and judge back ends),
 synthesis, warmup, rl (PPO, rewards), learner, observation, online, checkpoint, limits (size caps on untrusted text:
@@ -15,6 +16,7 @@ from ml_collections.config_dict import placeholder
 
 from icml_jax import parallel
 from icml_jax.agents import build as policy_build
+from icml_jax.agents.agent import LEARNER_KEYS, AgentConfig
 from icml_jax.agents.observation import ObservationConfig
 from icml_jax.data import persona_world_config
 from icml_jax.models import lora
@@ -22,6 +24,8 @@ from icml_jax.llm.gemini import GeminiConfig
 from icml_jax.llm.openai_compat import OPENAI_ONLY_KNOBS
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig
+from icml_jax.rl.learner import LearnerConfig
+from icml_jax.runspec import LEARNER_LOOP_KEYS, CheckpointConfig, OnlineConfig
 from icml_jax.synthesis import default_config as synthesis_config
 from icml_jax.textcheck import TextLimits
 from icml_jax.train import default_config as warmup_config
@@ -78,9 +82,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.observation = ml_collections.ConfigDict(dataclasses.asdict(ObservationConfig()))
     config.synthesis = synthesis_config()
     config.synthesis.max_failed_fraction = 0.1  # share of requests that may fail after all retries (skipped)
-    config.warmup = warmup_config()
-    del config.warmup["observation"]  # both policies see `config.observation` in every stage
-    del config.warmup["rewards"]  # the value targets use `config.rl.reward`
+    config.warmup = warmup_config()  # its observation and rewards: `config.observation` and `config.rl.reward`
     config.rl = ml_collections.ConfigDict(dict(
         ppo=PPOConfig().to_dict(),
         reward=RewardConfig().to_dict(),
@@ -89,25 +91,20 @@ def get_config() -> ml_collections.ConfigDict:
     config.rl.ppo.max_grad_norm = PPOConfig().max_grad_norm
     config.rl.ppo.value_clip = placeholder(float)
     config.warmup.gamma = config.rl.ppo.get_ref("gamma")
+    # the online loop: update_every (episodes per PPO update), users_in_flight (episodes played in lockstep, their
+    # decisions batched; divides update_every), fresh_memory (LearnerConfig); the agent's reply_temperature,
+    # reply_max_tokens, note_max_tokens (also the expert data's notes, via the synthesis), planner_rule /
+    # trigger_rule (ablations: save_all / lexical) and supersede_candidates (AgentConfig documents each)
+    loop, agent = LearnerConfig(), AgentConfig()
     config.learner = ml_collections.ConfigDict(dict(
-        update_every=1,  # episodes per PPO update
-        users_in_flight=1,  # episodes (users) played in lockstep, decisions batched; must divide update_every
-        fresh_memory=True,
-        reply_temperature=0.7,
-        reply_max_tokens=256,
-        note_max_tokens=128,  # length cap of a memory note (online, and the expert data's via the synthesis)
-        planner_rule="policy",  # ablations: policy | save_all ("without Planner": every turn saved, not trained)
-        trigger_rule="policy",  # ablations: policy | lexical ("without Trigger": BM25 top-1, not trained)
-        supersede_candidates=3,  # similar memories a save may replace (superseded: kept in history, not recalled)
+        **{k: getattr(loop, k) for k in LEARNER_LOOP_KEYS},
+        **{k: getattr(agent, k) for k in LEARNER_KEYS},
         divergence=DivergenceConfig().to_dict(),  # when a PPO update counts as diverged (rl.divergence)
     ))
     config.synthesis.note_max_tokens = config.learner.get_ref("note_max_tokens")
-    config.online = ml_collections.ConfigDict(dict(
-        greedy_eval=False,  # evaluate the sampling policy the agent acts with online
-        eval_before=True,  # held-out evaluation before and after online learning
-        init_from=placeholder(str),  # a saved policy dir (e.g. another run's <workdir>/warmup) to start from
-        # instead of this run's fresh or warmed-up policies (experiments share one warm-up across variants)
-    ))
+    # greedy_eval, eval_before (held-out evaluations), init_from (a saved policy dir to start from: runspec)
+    config.online = ml_collections.ConfigDict(dataclasses.asdict(OnlineConfig()))
+    config.online.init_from = placeholder(str)
     config.eval = ml_collections.ConfigDict(dict(  # python -m icml_jax.evaluate (real datasets' protocol)
         episodes=50,  # the protocol's episode count
         selection="auto",  # auto (theanine for MSC / CC when its ids file is there) | seeded | theanine
@@ -159,11 +156,8 @@ def get_config() -> ml_collections.ConfigDict:
         sessions=10,  # Figure 7: sessions per episode
         policy_map_episode=0,  # Figure 5: which held-out episode's turns are plotted
     ))
-    config.checkpoint = ml_collections.ConfigDict(dict(
-        every_episodes=10,  # online checkpoint interval (a multiple of learner.update_every); one more at the end
-        keep=3,  # complete checkpoints kept in <workdir>/checkpoints
-        async_save=True,  # write in the background while the next episodes play
-    ))
+    # every_episodes (a multiple of learner.update_every), keep, async_save: icml_jax.runspec.CheckpointConfig
+    config.checkpoint = ml_collections.ConfigDict(dataclasses.asdict(CheckpointConfig()))
     # a chat line / Memory API text, a search result's source excerpt, Memory.add metadata (longer: refused)
     config.limits = ml_collections.ConfigDict(dataclasses.asdict(TextLimits()))
     return config

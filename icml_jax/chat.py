@@ -31,13 +31,11 @@ from typing import Any, TextIO
 import ml_collections
 from absl import app, flags
 
-from icml_jax import main as job  # build_models; also defines the shared --workdir flag
+from icml_jax import cli  # the shared --workdir / --debug flags, one-line errors
 from icml_jax.textcheck import TextError, TextLimits, check_text
+from icml_jax.workdir import CONFIG_FILE, POLICY_DIR, WARMUP_DIR
 
 EPISODE_ID = "chat"
-CONFIG_FILE = "config.json"
-POLICY_DIR = job.POLICY_DIR
-WARMUP_DIR = "warmup"
 MEMORY_DB = Path("chat") / "memory.sqlite"
 HELP = """commands:
   /memories   list your memories (id, session/turn, text; replaced ones marked)
@@ -86,7 +84,7 @@ def restore_failure(workdir: Path, checkpoint: Path, exc: Exception) -> str:
             f"from a backup or train again ({_train_command(workdir)}){fallback}")
 
 
-ignoring_closed_event_loops = job.ignoring_closed_event_loops  # (defined beside the main job's CLI)
+ignoring_closed_event_loops = cli.ignoring_closed_event_loops  # (defined with the other CLIs' helpers)
 
 
 def find_checkpoint(workdir: Path) -> tuple[Path, str]:
@@ -115,12 +113,14 @@ class ChatModel:
     agent_config: Any  # AgentConfig (greedy)
     speakers: tuple[str, str]  # (user, assistant) labels of the history the policies were trained on
     limits: TextLimits = dataclasses.field(default_factory=TextLimits)  # the run's config.limits
+    policy_version: str = "0"  # the loaded policy's (its metadata's, else the checkpoint dir's name)
 
     def agent(self, store: Any) -> Any:
         """A MemoryAgent on `store` (greedy: deterministic for a given policy and memory)."""
         from icml_jax.agents.agent import MemoryAgent
 
-        return MemoryAgent(self.policies, self.tokenizer, store, self.generator, config=self.agent_config)
+        return MemoryAgent(self.policies, self.tokenizer, store, self.generator, config=self.agent_config,
+                           policy_version=self.policy_version)
 
     def close(self) -> None:
         """Releases the back end (e.g. Gemini's connection pool)."""
@@ -129,21 +129,24 @@ class ChatModel:
 
 def load_model(workdir: str | Path) -> ChatModel:
     """Rebuilds the run's policies and tokenizer, restores the trained state and builds the reply back end."""
-    from icml_jax.agents.agent import LEARNER_KEYS, AgentConfig
-    from icml_jax.agents.observation import ObservationConfig
+    from icml_jax.builders import build_models
+    from icml_jax.configlib import field_default
+    from icml_jax.data.persona_world import PersonaWorldConfig
     from icml_jax.llm.registry import make_backend
     from icml_jax.llm.types import MissingAPIKeyError
+    from icml_jax.runspec import RunSpec
     from icml_jax.train.checkpoint import load_warmup
 
     workdir = Path(workdir).expanduser().absolute()
     config = load_run_config(workdir)
+    spec = RunSpec.from_config(config)
     checkpoint, note = find_checkpoint(workdir)
     try:
         generator = make_backend(config.llm.generator)
     except MissingAPIKeyError as exc:  # the key is read from the environment only; never printed
         raise ChatError(f"config.llm.generator of {workdir} is a Gemini back end: {exc}") from None
     try:
-        policies, tokenizer = job.build_models(config, workdir)
+        policies, tokenizer = build_models(config, workdir, spec)
     except (OSError, ValueError) as exc:
         generator.close()
         raise ChatError(f"cannot build the policies of {workdir}: {exc}") from None
@@ -153,18 +156,18 @@ def load_model(workdir: str | Path) -> ChatModel:
         generator.close()
         raise ChatError(restore_failure(workdir, checkpoint, exc)) from exc
     policies.eval()  # adapter dropout off
-    world, learner = config.data.get("world") or {}, config.get("learner") or {}
-    agent_config = AgentConfig.from_config(  # the chat's own rules: the learned policies always decide
-        {k: learner.get(k) for k in LEARNER_KEYS if k not in ("planner_rule", "trigger_rule")},
-        ObservationConfig(**config.observation.to_dict()), greedy=True,
-        policy_version=str(meta.get("policy_version", checkpoint.name)))
-    speakers = (str(world.get("user_speaker", "user")), str(world.get("assistant_speaker", "assistant")))
+    world = config.data.get("world") or {}
+    agent_config = dataclasses.replace(  # the chat's own rules: the learned policies always decide
+        spec.agent, planner_rule="policy", trigger_rule="policy", greedy=True)
+    speakers = tuple(str(world.get(k, field_default(PersonaWorldConfig, k))) for k in ("user_speaker",
+                                                                                       "assistant_speaker"))
     try:  # a run written before config.limits existed gets the defaults
-        limits = TextLimits.from_config(config.get("limits"))
+        limits = spec.limits
     except (TypeError, ValueError) as exc:
         generator.close()
         raise ChatError(f"config.limits of {workdir}/{CONFIG_FILE}: {exc}") from None
-    return ChatModel(workdir, checkpoint, note, policies, tokenizer, generator, agent_config, speakers, limits)
+    return ChatModel(workdir, checkpoint, note, policies, tokenizer, generator, agent_config, speakers, limits,
+                     policy_version=str(meta.get("policy_version", checkpoint.name)))
 
 
 class ChatSession:
@@ -394,9 +397,7 @@ def repl(session: ChatSession, input_stream: TextIO, output_stream: TextIO) -> i
     return 0
 
 
-if "workdir" not in flags.FLAGS:  # normally defined by icml_jax.main, imported above
-    flags.DEFINE_string("workdir", None, "directory of a finished run (config.json, policy/)")
-flags.declare_key_flag("workdir")  # listed by --help
+flags.declare_key_flag(cli.WORKDIR.name)  # defined by icml_jax.cli; listed by --help
 _USER = flags.DEFINE_string("user", None, "who is chatting: the chat keeps one memory per user")
 _MEMORY_DB = flags.DEFINE_string("memory_db", None, "SQLite memory store (default <workdir>/chat/memory.sqlite)")
 
@@ -405,17 +406,17 @@ def main(argv: Sequence[str]) -> None:
     """absl entry point: a chat that cannot start exits with one `chat error: ...` line and status 2."""
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
-    workdir = flags.FLAGS.workdir
+    workdir = cli.WORKDIR.value
     if not workdir or not _USER.value:
         raise app.UsageError("--workdir and --user are required, e.g. --workdir=/tmp/icml_demo --user=alice")
     from icml_jax.memory.store import MemoryStoreError
 
-    job.quiet_info_logs()  # keep Orbax's INFO lines out of the conversation
+    cli.quiet_info_logs()  # keep Orbax's INFO lines out of the conversation
     sys.unraisablehook = ignoring_closed_event_loops(sys.unraisablehook)  # a damaged checkpoint: one line, no tail
     try:
         session = ChatSession.open(workdir, _USER.value, _MEMORY_DB.value)
     except (ChatError, MemoryStoreError, ValueError) as exc:
-        job.fail("chat", exc, job._DEBUG.value)
+        cli.fail("chat", exc, cli.DEBUG.value)
     try:
         code = repl(session, sys.stdin, sys.stdout)
     finally:
@@ -425,4 +426,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=lambda argv: job.parse_flags(argv, "chat"))
+    app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, "chat"))

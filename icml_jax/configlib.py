@@ -1,5 +1,6 @@
-"""Config helpers: load a config file by path from Python (as `--config=FILE:ARG` does), and one rule for
-turning config blocks into dataclasses (merge overrides; a key the class lacks is an error)."""
+"""Config helpers: load a config file by path from Python (as `--config=FILE:ARG` does), one rule for turning
+config blocks into dataclasses (merge overrides; a key the class lacks is an error), and the error a config
+that cannot run raises."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ from typing import Any
 import ml_collections
 
 CHECKOUT = Path(__file__).resolve().parents[1]  # the repository holding this package (configs/ lives there)
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; raised before any stage starts, naming the field and what to do."""
 
 
 def load_config(spec: str | Path, overrides: Mapping[str, Any] | None = None, *,
@@ -65,3 +70,16 @@ def known_fields(cls: type, values: Mapping[str, Any] | Any | None = None, **ove
     if unknown:
         raise ValueError(f"{cls.__name__}: unknown key(s) {unknown}; known: {sorted(known)}")
     return merged
+
+
+def field_default(cls: type, name: str) -> Any:
+    """The default of dataclass `cls`'s field `name` (its factory's value for a mutable one), for code that reads a
+    raw config key before the typed config is built: the fallback stays the one the dataclass defines."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+            raise ValueError(f"field_default: {cls.__name__}.{name} has no default")
+    raise ValueError(f"field_default: {cls.__name__} has no field {name!r}")

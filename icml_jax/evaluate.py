@@ -143,13 +143,13 @@ AgentFactory = Callable[[EvalContext], tuple[Any, dict[str, Any]]]  # -> (EvalAg
 
 
 def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path):
-    """The backbone's tokenizer without the policies: tiny (the world's words, as `main.build_models`) or the
+    """The backbone's tokenizer without the policies: tiny (the world's words, as `builders.build_models`) or the
     pretrained checkpoint's; token counts of every system are in this tokenizer."""
-    from icml_jax import main as job
+    from icml_jax.builders import build_tiny_tokenizer
     from icml_jax.models.tokenizer import load_tokenizer
 
     if config.model.kind == "tiny":
-        return job.build_tiny_tokenizer(config, workdir)
+        return build_tiny_tokenizer(config, workdir)
     return load_tokenizer(config.model.path)
 
 
@@ -158,17 +158,19 @@ def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
     with `eval.learn`, learning online on each episode's history sessions (`LearningAgent`)."""
 
     def build(ctx: EvalContext):
-        from icml_jax import main as job
         from icml_jax.agents.agent import MemoryAgent
+        from icml_jax.builders import build_models
         from icml_jax.chat import find_checkpoint
         from icml_jax.evaluation.protocol import LearningAgent, PolicyAgent
         from icml_jax.llm.judges import ProxyJudge, QualityJudge
         from icml_jax.rl.learner import OnlineLearner
+        from icml_jax.runspec import RunSpec
         from icml_jax.train.checkpoint import load_warmup
 
         config = ctx.config
+        spec = RunSpec.from_config(config)
         ckpt = Path(checkpoint) if checkpoint else find_checkpoint(ctx.workdir)[0]
-        policies, _ = job.build_models(config, ctx.workdir)
+        policies, _ = build_models(config, ctx.workdir, spec)
         meta = load_warmup(ckpt, policies)
         policies.eval()
         if bool((config.get("eval") or {}).get("learn", False)):  # Algorithm 1 on the history sessions
@@ -176,13 +178,12 @@ def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
                 raise ValueError("eval.learn needs the judge (eval.judge) for the online rewards")
             learner = OnlineLearner(policies, ctx.tokenizer, ctx.store, ctx.generator,
                                     proxy_judge=ProxyJudge(ctx.judge), quality_judge=QualityJudge(ctx.judge),
-                                    config=job._learner(config))
+                                    config=spec.learner)
             agent = LearningAgent(learner)
         else:
-            agent_config = dataclasses.replace(job._learner(config).agent, greedy=True,
-                                               policy_version=str(meta.get("policy_version", ckpt.name)))
-            agent = PolicyAgent(MemoryAgent(policies, ctx.tokenizer, ctx.store, ctx.generator, config=agent_config,
-                                            seed=int(config.seed)))
+            agent = PolicyAgent(MemoryAgent(policies, ctx.tokenizer, ctx.store, ctx.generator,
+                                            config=dataclasses.replace(spec.agent, greedy=True), seed=int(config.seed),
+                                            policy_version=str(meta.get("policy_version", ckpt.name))))
         return agent, {"checkpoint": str(ckpt)}
 
     return build
@@ -311,11 +312,10 @@ def _check_failures(config: ml_collections.ConfigDict, what: str, failed: Sequen
 
 
 def cli() -> None:
-    """Runs with the main job's `--config` / `--workdir` flags (defined when `icml_jax.main` is imported) and
-    `--checkpoint`."""
-    from icml_jax import main as job
+    """Runs with the shared `--config` / `--workdir` flags (`icml_jax.cli`) and `--checkpoint`."""
+    from icml_jax import cli as shared
 
-    config_flag, workdir_flag = job._CONFIG, job._WORKDIR
+    config_flag, workdir_flag = shared.CONFIG, shared.WORKDIR
     checkpoint_flag = flags.DEFINE_string("checkpoint", None, "a policy checkpoint dir (default: <workdir>/policy)")
     against_flag = flags.DEFINE_string("against", None, "another evaluated workdir: judge the two pairwise")
 
@@ -327,16 +327,16 @@ def cli() -> None:
             raise app.UsageError("--config and --workdir are required")
         from icml_jax.chat import ChatError
 
-        job.quiet_info_logs()
+        shared.quiet_info_logs()
         try:
             content = evaluate_workdir(config_flag.value, workdir_flag.value, checkpoint=checkpoint_flag.value,
                                        against=against_flag.value)
         except (ValueError, KeyError, FileNotFoundError, ChatError, EvaluationError) as exc:  # not a bug
-            job.fail("evaluation", exc, job._DEBUG.value)
+            shared.fail("evaluation", exc, shared.DEBUG.value)
         except Exception as exc:
-            if job.user_error(exc) is None:
+            if shared.user_error(exc) is None:
                 raise
-            job.fail("evaluation", exc, job._DEBUG.value)
+            shared.fail("evaluation", exc, shared.DEBUG.value)
         out = Path(workdir_flag.value).expanduser().absolute() / EVAL_DIR
         gen = content["generation"]
         print(f"{content['targets']} targets in {content['episodes']} episodes: BLEU-4 {gen['BLEU-4']:.2f}, "
@@ -346,7 +346,7 @@ def cli() -> None:
             print(f"vs {content['pairwise']['b']}: win {100 * p['win_rate']:.1f}%, tie {100 * p['tie_rate']:.1f}%, "
                   f"lose {100 * p['loss_rate']:.1f}%, sign test p = {p['p_value']:.3g}")
 
-    app.run(main, flags_parser=lambda argv: job.parse_flags(argv, "evaluation"))
+    app.run(main, flags_parser=lambda argv: shared.parse_flags(argv, "evaluation"))
 
 
 if __name__ == "__main__":

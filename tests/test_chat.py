@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from icml_jax import chat
-from icml_jax import main as job
 from icml_jax.agents import observation as obs
 from icml_jax.agents.policy import _features
+from icml_jax.builders import build_models
 from icml_jax.memory import MemoryStore
 from icml_jax.textcheck import TextError, TextLimits
 from icml_jax.train.checkpoint import save_warmup
@@ -66,7 +66,7 @@ def workdir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("chat_run")
     config = tiny_config()
     write_config(root, config)
-    policies, tokenizer = job.build_models(config, root)
+    policies, tokenizer = build_models(config, root)
     policies.eval()
     policies.planner_actor.bias[...] = jnp.full((1,), 4.0)  # kernel is zero: p_save = sigmoid(4) for every turn
     ocfg = obs.ObservationConfig(**config.observation.to_dict())

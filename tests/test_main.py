@@ -13,7 +13,12 @@ import jax
 import ml_collections
 import pytest
 
+from icml_jax import cli, pipeline
 from icml_jax import main as job
+from icml_jax import workdir as layout
+from icml_jax.builders import build_models
+from icml_jax.runlog import METRICS_FILE, json_safe
+from icml_jax.runspec import RunSpec
 from tests.config_files import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +34,7 @@ def tiny_demo() -> ml_collections.ConfigDict:
 
 
 def read_metrics(workdir: Path) -> list[dict]:
-    return [json.loads(line) for line in (workdir / job.METRICS_FILE).read_text().splitlines()]
+    return [json.loads(line) for line in (workdir / METRICS_FILE).read_text().splitlines()]
 
 
 def test_demo_runs_end_to_end(tmp_path, monkeypatch):
@@ -47,7 +52,7 @@ def test_demo_runs_end_to_end(tmp_path, monkeypatch):
     out = io.StringIO()
     summary = job.run(config, tmp_path, out=out)
     # the held-out agent writes replies and notes as the online one does (lengths, temperature, observation)
-    assert seen_configs == [job._learner(config).agent] * 2 and seen_configs[0].note_max_tokens == 24
+    assert seen_configs == [RunSpec.from_config(config).learner.agent] * 2 and seen_configs[0].note_max_tokens == 24
     assert list(summary) == ["synthesize", "warmup", "online"]
     rows = read_metrics(tmp_path)
     stages = [r["stage"] for r in rows]
@@ -74,35 +79,35 @@ def test_demo_runs_end_to_end(tmp_path, monkeypatch):
     assert sorted((r["phase"], r["session"]) for r in table) == sorted(
         (p, k) for p in ("before", "online", "after") for k in range(1, sessions + 1))
     # outputs users look at: the plot, TensorBoard events per stage, the trained policy, the progress record
-    assert (tmp_path / job.PLOT_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / layout.PLOT_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert {p.name for p in (tmp_path / "tensorboard").iterdir()} == {"synthesize", "warmup", "eval", "online",
                                                                        "summary"}
-    assert (tmp_path / job.POLICY_DIR / "warmup.json").is_file()
-    progress = json.loads((tmp_path / job.PROGRESS_FILE).read_text())
+    assert (tmp_path / layout.POLICY_DIR / "warmup.json").is_file()
+    progress = json.loads((tmp_path / layout.PROGRESS_FILE).read_text())
     assert progress["finished"] and set(progress["done"]) == {"synthesize", "warmup", "online"}
-    assert progress["metrics_bytes"] == (tmp_path / job.METRICS_FILE).stat().st_size
-    assert sorted(p.name for p in (tmp_path / job.CHECKPOINT_DIR).iterdir()) == ["0", "4"]  # the start, the end
+    assert progress["metrics_bytes"] == (tmp_path / METRICS_FILE).stat().st_size
+    assert sorted(p.name for p in (tmp_path / layout.CHECKPOINT_DIR).iterdir()) == ["0", "4"]  # the start, the end
     text = out.getvalue()
     assert "icml_jax run finished" in text and "online" in text and "after/eval/trigger_recall" in text
-    assert "per session" in text and str(tmp_path / job.PLOT_FILE) in text
+    assert "per session" in text and str(tmp_path / layout.PLOT_FILE) in text
 
     # a finished run started again does nothing but report
     again = io.StringIO()
-    assert job.run(config, tmp_path, out=again) == job.json_safe(summary)  # as progress.json keeps it
+    assert job.run(config, tmp_path, out=again) == json_safe(summary)  # as progress.json keeps it
     assert read_metrics(tmp_path) == rows and "per session" in again.getvalue()
 
     # issue 18: forgetting a user of this real run leaves none of their memories in any file of the workdir
     from icml_jax import erasure
     from icml_jax.rl.checkpoint import RunCheckpointer
 
-    with RunCheckpointer(tmp_path / job.CHECKPOINT_DIR) as ckpt:
+    with RunCheckpointer(tmp_path / layout.CHECKPOINT_DIR) as ckpt:
         memory = ckpt.restore_state()[1]["memory"]
     user = sorted(memory)[0]
     ids = [json.loads(line)["fragment_id"] for line in memory[user].splitlines()]
     assert ids and any(i.encode() in p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() for i in ids)
     erasure.forget_user(tmp_path, user)
     assert not [p for p in tmp_path.rglob("*") if p.is_file() and any(i.encode() in p.read_bytes() for i in ids)]
-    with RunCheckpointer(tmp_path / job.CHECKPOINT_DIR) as ckpt:  # the rewritten checkpoint still restores
+    with RunCheckpointer(tmp_path / layout.CHECKPOINT_DIR) as ckpt:  # the rewritten checkpoint still restores
         state = ckpt.restore()[2]
     assert user not in state["memory"] and len(state["memory"]) == len(memory) - 1
 
@@ -110,7 +115,7 @@ def test_demo_runs_end_to_end(tmp_path, monkeypatch):
 def test_workdir_of_another_config_is_refused(tmp_path):
     config = tiny_demo()
     config.mode = ("synthesize",)
-    (tmp_path / "config.json").write_text(job.config_text(config))
+    (tmp_path / "config.json").write_text(layout.config_text(config))
     other = tiny_demo()
     with pytest.raises(job.ConfigError, match=r"holds a run with another config \(differs at \['mode'\]\)"):
         job.run(other, tmp_path)
@@ -121,7 +126,7 @@ def test_a_workdir_from_before_the_limits_block_resumes_and_the_limits_may_chang
     the block existed, or with other limits, is still the same run."""
     config = tiny_demo()
     config.mode = ("synthesize",)
-    old = json.loads(job.config_text(config))
+    old = json.loads(layout.config_text(config))
     del old["limits"]
     (tmp_path / "config.json").write_text(json.dumps(old))
     job.validate(config, tmp_path)
@@ -175,7 +180,7 @@ def test_config_errors_come_before_any_stage(tmp_path, monkeypatch, changes, mes
     for name in ("GEMINI_API_KEY", "GOOGLE_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     called = []
-    monkeypatch.setattr(job, "STAGE_FNS", {s: (lambda run, s=s: called.append(s)) for s in job.STAGES})
+    monkeypatch.setattr(pipeline, "STAGE_FNS", {s: (lambda run, s=s: called.append(s)) for s in job.STAGES})
     workdir = tmp_path / "work"
     with pytest.raises(job.ConfigError) as err:
         job.run(_bad(**changes), workdir)
@@ -281,21 +286,21 @@ def test_a_user_error_inside_a_stage_ends_in_one_line_and_status_2(tmp_path, mon
     def diverge(run):
         raise DivergenceError("warm-up diverged at step 3: the update's norm 1e+30 is ...")
 
-    monkeypatch.setattr(job, "STAGE_FNS", {**job.STAGE_FNS, "synthesize": diverge})
-    monkeypatch.setattr(job, "_CONFIG", type("Flag", (), {"value": tiny_demo()})())
-    monkeypatch.setattr(job, "_WORKDIR", type("Flag", (), {"value": str(tmp_path / "work")})())
-    monkeypatch.setattr(job, "_DEBUG", type("Flag", (), {"value": False})())
-    monkeypatch.setattr(job, "quiet_info_logs", lambda: None)
+    monkeypatch.setattr(pipeline, "STAGE_FNS", {**pipeline.STAGE_FNS, "synthesize": diverge})
+    monkeypatch.setattr(cli, "CONFIG", type("Flag", (), {"value": tiny_demo()})())
+    monkeypatch.setattr(cli, "WORKDIR", type("Flag", (), {"value": str(tmp_path / "work")})())
+    monkeypatch.setattr(cli, "DEBUG", type("Flag", (), {"value": False})())
+    monkeypatch.setattr(cli, "quiet_info_logs", lambda: None)
     with pytest.raises(SystemExit) as done:
         job.main(["main"])
     err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("stages:")]
     assert done.value.code == 2 and len(err) == 1, err  # the progress bar aside
     assert err[0].startswith("run error: stage 'synthesize' failed (workdir ") and "step 3" in err[0]
 
-    monkeypatch.setattr(job, "STAGE_FNS", {**job.STAGE_FNS, "synthesize": lambda run: 1 / 0})
+    monkeypatch.setattr(pipeline, "STAGE_FNS", {**pipeline.STAGE_FNS, "synthesize": lambda run: 1 / 0})
     with pytest.raises(RuntimeError, match="ZeroDivisionError") as bug:  # a bug is not a user error
         job.main(["main"])
-    assert job.user_error(bug.value) is None
+    assert cli.user_error(bug.value) is None
 
 
 def test_dataset_configs_load_with_gemini_back_ends():
@@ -308,7 +313,7 @@ def test_dataset_configs_load_with_gemini_back_ends():
     assert tuple(base.mode) == ("synthesize", "warmup", "online")
     assert base.warmup.learning_rate == 2e-5 and base.rl.ppo.actor_lr == 1e-6 and base.synthesis.num_seeds == 84
     base.learner.note_max_tokens = 40  # one knob caps the online notes and the expert data's
-    assert base.synthesis.note_max_tokens == 40 and job._learner(base).agent.note_max_tokens == 40
+    assert base.synthesis.note_max_tokens == 40 and RunSpec.from_config(base).learner.agent.note_max_tokens == 40
 
 
 def test_smollm2_demo_config_uses_the_fetched_model_for_policies_and_replies(tmp_path):
@@ -345,7 +350,7 @@ def test_pretrained_checkpoint_passes_checks_and_builds(tmp_path):
     config.model.kind, config.model.path, config.model.dtype = "pretrained", str(tmp_path / "ckpt"), "float32"
     assert job.validate(config, tmp_path / "work") == ("synthesize", "warmup", "online")
     assert config.policy.planner_model == str(tmp_path / "ckpt")
-    policies, tokenizer = job.build_models(config, tmp_path / "work")
+    policies, tokenizer = build_models(config, tmp_path / "work")
     assert policies.shared_backbone and tokenizer("hello world")["input_ids"][-2:] == [4, 5]
 
 
@@ -391,7 +396,7 @@ def test_gc_config_learns_online_on_built_gapchat_data(tmp_path):
     assert online and {r["phase"] for r in online} == {"online"} and all(r["reward_trigger"] is not None
                                                                           for r in online)
     assert not [r for r in rows if r["stage"] == "eval"]  # real data has no labels to evaluate against
-    assert sorted(int(p.name) for p in (tmp_path / "work" / job.CHECKPOINT_DIR).iterdir()) == [0, 2, 3]
+    assert sorted(int(p.name) for p in (tmp_path / "work" / layout.CHECKPOINT_DIR).iterdir()) == [0, 2, 3]
 
     # the evaluation protocol on the same fixtures: the pooled 4- and 5-session test files (4 episodes here)
     from icml_jax import evaluate as ev
@@ -437,7 +442,7 @@ def test_crashes_in_the_evaluations_resume_to_the_same_run(tmp_path, monkeypatch
         with pytest.raises(RuntimeError, match="simulated crash"):
             job.run(tiny_demo(), tmp_path / "crashed", out=io.StringIO())
     monkeypatch.setattr(learner, "evaluate", real)
-    progress = json.loads((tmp_path / "crashed" / job.PROGRESS_FILE).read_text())
+    progress = json.loads((tmp_path / "crashed" / layout.PROGRESS_FILE).read_text())
     assert set(progress["done"]) == {"synthesize", "warmup"} and not progress["finished"]
     out = io.StringIO()
     job.run(tiny_demo(), tmp_path / "crashed", out=out)
@@ -469,4 +474,4 @@ def test_users_in_flight_give_the_run_of_one_user_at_a_time(tmp_path):
         for k, v in b.items():
             if isinstance(v, float) and not any(t in k for t in ("time", "seconds", "wall")):
                 assert a[k] == pytest.approx(v, rel=1e-4, abs=1e-5, nan_ok=True), k
-    assert sorted(p.name for p in (tmp_path / "two" / job.CHECKPOINT_DIR).iterdir()) == ["0", "2", "4"]
+    assert sorted(p.name for p in (tmp_path / "two" / layout.CHECKPOINT_DIR).iterdir()) == ["0", "2", "4"]

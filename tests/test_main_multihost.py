@@ -23,9 +23,14 @@ import pytest
 
 from icml_jax import main as job
 from icml_jax import parallel
+from icml_jax import workdir as layout
+from icml_jax.builders import build_models
 from icml_jax.configlib import load_config
 from icml_jax.rl.checkpoint import CheckpointError, RunCheckpointer
+from icml_jax.runlog import METRICS_FILE
+from icml_jax.stages.online import own_state
 from icml_jax.train.checkpoint import save_warmup
+from icml_jax.validation import check_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300
@@ -74,7 +79,7 @@ def runs(tmp_path_factory):
     that are SIGKILLed once their second checkpoint (step 2 of 4 episodes) is on disk, then started again."""
     root = tmp_path_factory.mktemp("multihost_main")
     config = load_config(ROOT / "configs" / "demo.py")
-    policies, _ = job.build_models(config, root / "start")
+    policies, _ = build_models(config, root / "start")
     warm = save_warmup(root / "start" / "policy", policies)  # what `online.init_from` reads (every process)
     one, two = root / "one", root / "two"
     started = [(_start(1, one, warm), one), (_start(2, two, warm, KILL_AT_SAVE="2"), two)]
@@ -88,7 +93,7 @@ def runs(tmp_path_factory):
 
 
 def _final(workdir: Path) -> tuple[int, dict, dict]:
-    with RunCheckpointer(workdir / job.CHECKPOINT_DIR) as ckpt:
+    with RunCheckpointer(workdir / layout.CHECKPOINT_DIR) as ckpt:
         return ckpt.restore()
 
 
@@ -97,7 +102,7 @@ def _flat(arrays: dict) -> dict[str, np.ndarray]:
 
 
 def _rows(workdir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (workdir / job.METRICS_FILE).read_text().splitlines()]
+    rows = [json.loads(line) for line in (workdir / METRICS_FILE).read_text().splitlines()]
     return [{k: v for k, v in r.items() if not any(t in k for t in TIMING_KEYS)} for r in rows]
 
 
@@ -155,14 +160,14 @@ def _memories(state: dict) -> dict[str, list[dict]]:
 def test_several_processes_need_the_online_stage_alone_and_whole_groups():
     config = load_config(ROOT / "configs" / "demo.py")
     with pytest.raises(job.ConfigError, match="several processes run the online stage only"):
-        job._check_processes(config, ("synthesize", "warmup", "online"), 2)
+        check_processes(config, ("synthesize", "warmup", "online"), 2)
     config = load_config(ROOT / "configs" / "demo.py", {"learner.update_every": 2, "learner.users_in_flight": 2})
     with pytest.raises(job.ConfigError, match="multiple of the 2 processes x learner.users_in_flight=2"):
-        job._check_processes(config, ("online",), 2)
+        check_processes(config, ("online",), 2)
     config = load_config(ROOT / "configs" / "demo.py", {"learner.update_every": 4, "data.train_episodes": 9})
     with pytest.raises(job.ConfigError, match="train_episodes=9 must be a multiple of the 2"):
-        job._check_processes(config, ("online",), 2)
-    job._check_processes(load_config(ROOT / "configs" / "demo.py", {"learner.update_every": 4}), ("online",), 2)
+        check_processes(config, ("online",), 2)
+    check_processes(load_config(ROOT / "configs" / "demo.py", {"learner.update_every": 4}), ("online",), 2)
 
 
 def test_mesh_of_several_processes_needs_whole_data_rows(monkeypatch):
@@ -174,8 +179,8 @@ def test_mesh_of_several_processes_needs_whole_data_rows(monkeypatch):
 def test_checkpoint_of_two_processes_does_not_resume_in_one(tmp_path):
     state = {"process_count": 2, "metrics_bytes": 10, "processes": [{}, {}]}
     with pytest.raises(CheckpointError, match="run of 2 JAX process.*this run has 1"):
-        job._own_state(state, tmp_path / "8")
-    assert job._own_state({"metrics_bytes": 3}, tmp_path) == {"metrics_bytes": 3}
+        own_state(state, tmp_path / "8")
+    assert own_state({"metrics_bytes": 3}, tmp_path) == {"metrics_bytes": 3}
     assert parallel.allgather_objects({"a": 1}) == [{"a": 1}]
 
 

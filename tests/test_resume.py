@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import orbax.checkpoint as ocp
 
-from icml_jax import main as job
+from icml_jax import workdir as layout
+from icml_jax.runlog import METRICS_FILE
 from icml_jax.rl.checkpoint import RunCheckpointer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +52,7 @@ def _finish(proc: subprocess.Popen, workdir: Path) -> str:
 
 def _rows(workdir: Path) -> list[dict]:
     """metrics.jsonl's rows, with the workdir's own path written as <workdir> (the two runs' paths differ)."""
-    path = workdir / job.METRICS_FILE
+    path = workdir / METRICS_FILE
     text = path.read_text().replace(str(workdir), "<workdir>") if path.exists() else ""
     return [json.loads(line) for line in text.splitlines()]
 
@@ -90,7 +91,7 @@ def _strip(value):
 def _final_state(workdir: Path) -> tuple[dict, dict]:
     """(arrays, JSON state) of the run's last checkpoint, memory stores without their wall-clock times (creation,
     supersede, each history event's)."""
-    with RunCheckpointer(workdir / job.CHECKPOINT_DIR) as ckpt:
+    with RunCheckpointer(workdir / layout.CHECKPOINT_DIR) as ckpt:
         step, arrays, state = ckpt.restore()
 
     def timeless(record: dict) -> dict:
@@ -104,7 +105,7 @@ def _final_state(workdir: Path) -> tuple[dict, dict]:
 
 def _policy(workdir: Path) -> dict:
     with ocp.StandardCheckpointer() as ckptr:
-        return ckptr.restore(workdir / job.POLICY_DIR / "state")
+        return ckptr.restore(workdir / layout.POLICY_DIR / "state")
 
 
 def _assert_trees_equal(a, b, where: str) -> None:
@@ -144,12 +145,12 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     line = marker.group(0)
     step = int(line.split("step=")[1].split()[0])
     assert f"'{step}.orbax-checkpoint-tmp'" in line, line  # the kill landed mid-write
-    with RunCheckpointer(killed / job.CHECKPOINT_DIR) as ckpt:  # the half-written step is not a checkpoint
+    with RunCheckpointer(killed / layout.CHECKPOINT_DIR) as ckpt:  # the half-written step is not a checkpoint
         assert step not in ckpt.all_steps() and ckpt.latest_step() < step, (note, ckpt.all_steps(), step)
         kept = ckpt.all_steps()
     # damage 4: the newest complete checkpoint rots (its JSON state cut short); resume falls back to the one before
     assert len(kept) == 2, (note, kept)
-    (killed / job.CHECKPOINT_DIR / str(kept[-1]) / "state" / "metadata").write_text('{"truncated": ')
+    (killed / layout.CHECKPOINT_DIR / str(kept[-1]) / "state" / "metadata").write_text('{"truncated": ')
     out = _finish(_start(killed), killed)
     assert "resuming" in out and f"(online checkpoint step {kept[0]})" in out, out
     assert f"warning: checkpoint step {kept[-1]} does not restore (JSONDecodeError" in out, out
@@ -164,9 +165,9 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     assert got_state == ref_state, note
     assert got_state["memory"], "no memories were saved: the comparison would be empty"
     _assert_trees_equal(_policy(killed), _policy(reference), f"final policy {note}")
-    progress = [json.loads((d / job.PROGRESS_FILE).read_text().replace(str(d), "<workdir>"))
+    progress = [json.loads((d / layout.PROGRESS_FILE).read_text().replace(str(d), "<workdir>"))
                 for d in (reference, killed)]
     for p in progress:  # file lengths differ with the workdir path and the timestamps' digits
         assert p.pop("metrics_bytes") == len((reference if p is progress[0] else killed).joinpath(
-            job.METRICS_FILE).read_bytes())
+            METRICS_FILE).read_bytes())
     assert _strip(progress[0]) == _strip(progress[1]) and progress[1]["finished"]

@@ -106,7 +106,6 @@ class AgentConfig:
     reply_temperature: float = 0.7
     reply_max_tokens: int = 256
     note_max_tokens: int = 128  # length cap of a saved turn's memory note
-    policy_version: str = "0"
     # ablations (Table 2): a rule instead of a learned policy; its decisions are never trained on
     planner_rule: str = "policy"  # policy | save_all (every turn the agent acts on is saved)
     trigger_rule: str = "policy"  # policy | lexical (the BM25-best memory when any word overlaps, else none)
@@ -133,8 +132,7 @@ class AgentConfig:
     @classmethod
     def from_config(cls, learner: Any, observation: obs.ObservationConfig, **fields: Any) -> AgentConfig:
         """The knobs a config's `learner` block sets (`LEARNER_KEYS`; a missing or null key keeps this dataclass's
-        default, so each default is defined here once) with `observation`; `fields` set the others (greedy,
-        policy_version)."""
+        default, so each default is defined here once) with `observation`; `fields` set the others (greedy)."""
         block = learner if learner is not None else {}
         picked = {k: block.get(k) for k in LEARNER_KEYS if block.get(k) is not None}
         return cls(observation=observation, **picked, **fields)
@@ -206,6 +204,7 @@ class MemoryAgent:
         config: AgentConfig | None = None,
         seed: int = 0,
         prefilter: Prefilter | None = None,
+        policy_version: str = "0",
     ) -> None:
         self.policies, self.tokenizer, self.store = policies, tokenizer, store
         self.generator = generator
@@ -213,6 +212,7 @@ class MemoryAgent:
         self.config = config or AgentConfig()
         # which memories the policies read (`config.observation.prefilter`): built once here, shared per process
         self.prefilter = prefilter or self.config.observation.make_prefilter()
+        self.policy_version = policy_version  # runtime state, not a knob: which policy acted (the learner bumps it)
         self.key = jax.random.key(seed)
         self._pool: cf.ThreadPoolExecutor | None = None  # made by the first remote `step` without a pool
 
@@ -366,7 +366,7 @@ class MemoryAgent:
         out: list[Fragment | None] = [None] * len(turns)
         for (i, save), note, mems in zip(saves, condensed, shown, strict=True):
             out[i] = commit_saves(self.store, turns[i].user_id, [save], [note], [mems],
-                                  policy_version=self.config.policy_version)[0]
+                                  policy_version=self.policy_version)[0]
         return out
 
     def decide_save(
@@ -461,7 +461,7 @@ class MemoryAgent:
             planners = self.decide_saves(turns, p_keys)
             replies, fragments = self._reply_and_save_concurrent(turns, planners, write, pool or self._own_pool())
         return [(reply.text, Receipt(t.user_id, t.episode_id, t.session, t.turn, t.utterance, reply.text, trigger,
-                                     planner, used, fragment, self.config.policy_version))
+                                     planner, used, fragment, self.policy_version))
                 for t, (trigger, used), reply, planner, fragment
                 in zip(turns, chosen, replies, planners, fragments, strict=True)]
 

@@ -11,6 +11,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from icml_jax.agents.agent import AgentConfig
+from icml_jax.agents.observation import ObservationConfig
+from icml_jax.configlib import field_default
 from icml_jax.data.protocol import Target
 from icml_jax.data.schema import Episode
 from icml_jax.evaluation.protocol import AgentReply, MemoryChoice
@@ -72,20 +75,22 @@ def baseline_settings(config: Any) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class ReplySettings:
-    """How replies and notes are written: the same knobs as our agent's (`config.learner`)."""
+    """How replies and notes are written: the same knobs as our agent's (`config.learner`, with AgentConfig's
+    defaults)."""
 
-    temperature: float = 0.7
-    max_tokens: int = 256
-    note_max_tokens: int = 128
+    temperature: float = field_default(AgentConfig, "reply_temperature")
+    max_tokens: int = field_default(AgentConfig, "reply_max_tokens")
+    note_max_tokens: int = field_default(AgentConfig, "note_max_tokens")
 
     @classmethod
     def from_config(cls, config: Any) -> ReplySettings:
-        """`config.learner.reply_temperature / reply_max_tokens / note_max_tokens`, as `main._learner` reads them."""
+        """`config.learner.reply_temperature / reply_max_tokens / note_max_tokens`, read as our agent's are
+        (`AgentConfig.from_config`: a missing key takes the dataclass default)."""
         learner = config.get("learner") if config is not None else None
         if learner is None:
             return cls()
-        return cls(float(learner.get("reply_temperature", 0.7)), int(learner.get("reply_max_tokens", 256)),
-                   int(learner.get("note_max_tokens", 128)))
+        agent = AgentConfig.from_config(learner, ObservationConfig())
+        return cls(float(agent.reply_temperature), int(agent.reply_max_tokens), int(agent.note_max_tokens))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,7 @@ from icml_jax.agents.observation import ObservationConfig
 from icml_jax.agents.policy import MemoryPolicies
 from icml_jax.agents.tiny import build_tokenizer, learning_observation, learning_world, tiny_model_config, \
     world_vocabulary
+from icml_jax.configlib import field_default
 from icml_jax.data.persona_world import PersonaWorldConfig, generate_episodes
 from icml_jax.llm.judges import ProxyJudge, QualityJudge
 from icml_jax.llm.offline import OfflineBackend
@@ -67,9 +68,11 @@ class PersonaRunConfig:
     ppo: PPOConfig = PPOConfig(actor_lr=1e-2, critic_lr=1e-2, gamma=0.0, entropy_coef=0.05, epochs=4,
                                minibatch_size=4)
     reward: RewardConfig = RewardConfig(save_cost=0.5)
-    update_every: int = 1
-    users_in_flight: int = 1  # episodes played in lockstep, decisions batched (divides update_every)
-    supersede_candidates: int = 3  # 0: memories are only appended (the "without supersede" arm)
+    update_every: int = field_default(LearnerConfig, "update_every")
+    users_in_flight: int = field_default(LearnerConfig, "users_in_flight")  # episodes played in lockstep,
+    # decisions batched (divides update_every)
+    supersede_candidates: int = field_default(AgentConfig, "supersede_candidates")  # 0: memories are only
+    # appended (the "without supersede" arm)
 
 
 @dataclasses.dataclass

@@ -51,19 +51,21 @@ def _cosine_distance(a: np.ndarray, b: np.ndarray) -> float:
 def play_maps(config: ml_collections.ConfigDict, workdir: Path, checkpoint: Path | None, episode) -> dict[str, Any]:
     """One policy's maps: per user turn (session, turn, y_p, p(save), saved) and per turn that needs a memory the
     Trigger's query / candidate features over the labelled memories, which are needed, and summary distances."""
-    from icml_jax import main as job
     from icml_jax.agents.agent import MemoryAgent
+    from icml_jax.builders import build_models
     from icml_jax.data.stream import user_speaker
     from icml_jax.llm.offline import OfflineBackend
     from icml_jax.memory.fragment import NewFragment
     from icml_jax.memory.store import MemoryStore
+    from icml_jax.runspec import RunSpec
     from icml_jax.train.checkpoint import load_warmup
 
-    policies, tokenizer = job.build_models(config, workdir)
+    spec = RunSpec.from_config(config)
+    policies, tokenizer = build_models(config, workdir, spec)
     if checkpoint is not None:
         load_warmup(checkpoint, policies)
     policies.eval()
-    agent_config = dataclasses.replace(job._learner(config).agent, greedy=True)
+    agent_config = dataclasses.replace(spec.agent, greedy=True)
     speaker = user_speaker(config)
     turns, queries = [], []
     with MemoryStore() as store:  # the Planner: the policy plays the episode with its own saves

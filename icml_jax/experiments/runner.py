@@ -59,10 +59,11 @@ def _seeds_argv(argv: Sequence[str]) -> list[str]:
 
 
 def cli() -> None:
-    """absl entry point with the main job's --config / --workdir flags, --experiment and --seeds."""
+    """absl entry point with the shared --config / --workdir flags (`icml_jax.cli`), --experiment and --seeds."""
     from absl import app, flags
 
-    from icml_jax import main as job
+    from icml_jax import cli as shared
+    from icml_jax.configlib import ConfigError
 
     experiment = flags.DEFINE_enum("experiment", None, sorted(EXPERIMENTS), "the paper result to reproduce")
     seeds = flags.DEFINE_list("seeds", ["0"], "seeds: --seeds 0 1 2 (or 0,1,2); tables report mean and spread")
@@ -71,17 +72,17 @@ def cli() -> None:
     def main(argv: Sequence[str]) -> None:
         if len(argv) > 1:
             raise app.UsageError(f"unexpected arguments {argv[1:]}")
-        if experiment.value is None or job._CONFIG.value is None or not job._WORKDIR.value:
+        if experiment.value is None or shared.CONFIG.value is None or not shared.WORKDIR.value:
             raise app.UsageError("--experiment, --config and --workdir are required")
-        job.quiet_info_logs()
+        shared.quiet_info_logs()
         try:
             values = [int(s) for s in seeds.value]
         except ValueError:
             raise app.UsageError(f"--seeds must be integers, got {seeds.value}") from None
         try:
-            files = run_experiment(experiment.value, job._CONFIG.value, job._WORKDIR.value, values, command=command,
+            files = run_experiment(experiment.value, shared.CONFIG.value, shared.WORKDIR.value, values, command=command,
                                    log=lambda line: print(line, file=sys.stderr))
-        except (ValueError, KeyError, FileNotFoundError, job.ConfigError) as exc:
+        except (ValueError, KeyError, FileNotFoundError, ConfigError) as exc:
             print(f"experiment error: {exc}", file=sys.stderr)
             sys.exit(2)
         print(files["md"].read_text(encoding="utf-8"))

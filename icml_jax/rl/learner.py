@@ -528,7 +528,7 @@ class OnlineLearner:
         rollout = [rollout_stats(cut, size) for cut in cuts]  # the behaviour policy's numbers (the ratio's anchor)
         result = self.updater.run(minibatches, self.rng, rollout)
         self.updates += 1
-        self.agent.config = dataclasses.replace(self.agent.config, policy_version=str(self.updates))
+        self.agent.policy_version = str(self.updates)
         metrics = self._metrics(view, result)
         metrics["update/decisions/planner"] = float(sum(x.planner is not None for x in slots))
         metrics["update/decisions/trigger"] = float(sum(x.trigger is not None for x in slots))
@@ -687,7 +687,7 @@ class OnlineLearner:
         self._closed = set(c["closed_users"])
         self.session_log = [SessionCounts.from_json(x) for x in state.get("session_log", [])]
         self._counts = []
-        self.agent.config = dataclasses.replace(self.agent.config, policy_version=str(self.updates))
+        self.agent.policy_version = str(self.updates)
 
 
 def evaluate(

@@ -1,5 +1,6 @@
 """The package's layering: the experiments, the evaluation and the baselines sit on top; nothing below them
-imports them, and the LLM back ends know nothing of the synthesis that uses them."""
+imports them, no library module imports the `icml_jax.main` entry point, and the LLM back ends know nothing of
+the synthesis that uses them."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ import pytest
 import icml_jax
 
 ROOT = Path(icml_jax.__file__).parent
-TOP = ("icml_jax.experiments", "icml_jax.evaluation", "icml_jax.evaluate", "icml_jax.baselines")
+TOP = ("icml_jax.experiments", "icml_jax.evaluation", "icml_jax.evaluate", "icml_jax.baselines",
+       "icml_jax.memory_api")
 BELOW = ("agents", "rl", "train", "synthesis", "llm", "models", "data", "memory", "parallel.py", "runlog.py",
-         "main.py", "chat.py")
+         "main.py", "chat.py", "stages", "cli.py", "runspec.py", "validation.py", "workdir.py", "builders.py",
+         "pipeline.py", "configlib.py")
+ENTRY = "icml_jax.main"  # only entry points import it: `python -m icml_jax.main`, notebooks, scripts
 
 
 def _imports(path: Path) -> set[str]:
@@ -37,6 +41,29 @@ def _files(part: str) -> list[Path]:
 def test_nothing_below_imports_the_top_layer(part):
     bad = {f"{f.relative_to(ROOT)}: {m}" for f in _files(part) for m in _imports(f) if m.startswith(TOP)}
     assert not bad, f"modules below the experiments layer import it: {sorted(bad)}"
+
+
+def test_no_library_module_imports_the_main_entry_point():
+    files = [f for f in sorted(ROOT.rglob("*.py")) if f != ROOT / "main.py"]
+    bad = {f"{f.relative_to(ROOT)}: {m}" for f in files for m in _imports(f)
+           if m == ENTRY or m.startswith(f"{ENTRY}.")}
+    assert not bad, f"library modules import the entry point {ENTRY}: {sorted(bad)}"
+
+
+def test_the_memory_package_imports_nothing_above_it():
+    """The stores know nothing of the agents, the chat, the learner or the Memory facade built on them."""
+    above = ("icml_jax.chat", "icml_jax.agents", "icml_jax.memory_api", "icml_jax.rl", "icml_jax.train",
+             "icml_jax.stages", "icml_jax.pipeline", ENTRY)
+    bad = {f"{f.relative_to(ROOT)}: {m}" for f in _files("memory") for m in _imports(f) if m.startswith(above)}
+    assert not bad, sorted(bad)
+
+
+def test_the_models_import_only_the_models_and_the_process_helpers():
+    """The backbone package stands alone: it may use `icml_jax.parallel`, nothing else of the package."""
+    bad = {f"{f.relative_to(ROOT)}: {m}" for f in _files("models") for m in _imports(f)
+           if m.startswith("icml_jax") and not m.startswith(("icml_jax.models", "icml_jax.parallel"))
+           and m != "icml_jax"}
+    assert not bad, sorted(bad)
 
 
 def test_the_llm_back_ends_do_not_import_the_synthesis():

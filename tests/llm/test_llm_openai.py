@@ -362,7 +362,7 @@ def test_every_request_faulting_ends_in_one_line(fake_openai, openai_env, caplog
 
 
 def test_a_dead_server_ends_the_cli_in_one_line(fake_openai, openai_env, capsys):
-    from icml_jax import main as job
+    from icml_jax import cli
 
     fake_openai.responder = lambda body: FAULTS["500"]
     with _backend(fake_openai, max_attempts=3) as be:
@@ -370,9 +370,9 @@ def test_a_dead_server_ends_the_cli_in_one_line(fake_openai, openai_env, capsys)
         with pytest.raises(BackendError) as ei:
             be.generate([LLMRequest(prompt="x")])
     assert isinstance(each, BackendError) and str(each) == str(ei.value) and fake_openai.hits == 6
-    assert job.user_error(ei.value) is ei.value  # a user error: the CLIs print it, no traceback
+    assert cli.user_error(ei.value) is ei.value  # a user error: the CLIs print it, no traceback
     with pytest.raises(SystemExit) as code:
-        job.fail("main", ei.value, debug=False)
+        cli.fail("main", ei.value, debug=False)
     lines = capsys.readouterr().err.splitlines()
     assert code.value.code == 2 and len(lines) == 1
     assert lines[0].startswith(f"main error: openai (model {MODEL}) back end: request failed after 3 attempt(s)")

@@ -11,11 +11,14 @@ from typing import Any
 import pytest
 
 from icml_jax import main as job
+from icml_jax import workdir as layout
 from icml_jax.data import tfds_builders as tb
 from icml_jax.data.protocol import eval_targets
 from icml_jax.data.schema import Episode, Session, Turn
 from icml_jax.data.stream import _split_names, online_stream
 from icml_jax.llm import OfflineBackend
+from icml_jax.stages.run import Run
+from icml_jax.stages.synthesize import stage_synthesize, synthesis_seeds
 from icml_jax.synthesis import prompts, read_manifest, seeds_from_episodes
 from tests.config_files import load_config
 from tests.test_main import ROOT, tiny_demo
@@ -52,12 +55,12 @@ def test_real_first_sessions_seed_the_synthesis_and_no_eval_target_reaches_a_pro
     real_generate = OfflineBackend.generate
     monkeypatch.setattr(OfflineBackend, "generate", lambda self, requests: (seen.extend(requests),
                                                                            real_generate(self, requests))[1])
-    row = job.stage_synthesize(job.Run(config, tmp_path / "work", _Metrics(), {"done": {}}))
+    row = stage_synthesize(Run(config, tmp_path / "work", _Metrics(), {"done": {}}))
     assert row["storylines_accepted"] == 4 and seen
 
     # the seeds are the first sessions of the first episodes the online stage plays, in its order
     played = list(dict.fromkeys(e.episode_id for e in online_stream(config)))
-    manifest = read_manifest(tmp_path / "work" / job.SYNTHESIS_DIR)
+    manifest = read_manifest(tmp_path / "work" / layout.SYNTHESIS_DIR)
     assert [s["seed_id"] for s in manifest["seeds"]] == [f"data:{i}" for i in played[:2]]
     episodes = {e.episode_id: e for split in _split_names(config.data.split)
                 for e in tb.read_episodes(config.data.tfds_name, split, data_dir=config.data.data_dir)}
@@ -93,9 +96,9 @@ def test_a_final_session_never_becomes_a_seed():
 
 def test_the_persona_world_keeps_drawn_constraints_and_data_seeds_need_built_data(tmp_path):
     demo = tiny_demo()
-    assert demo.synthesis.seed_source == "auto" and job.synthesis_seeds(demo) is None
+    assert demo.synthesis.seed_source == "auto" and synthesis_seeds(demo) is None
     demo.synthesis.seed_source = "data"  # the persona world's own first sessions, on request
-    seeds = job.synthesis_seeds(demo)
+    seeds = synthesis_seeds(demo)
     assert len(seeds) == min(demo.synthesis.num_seeds, demo.data.train_episodes)
     assert all(s.seed_id.startswith("data:pw-") and s.session.turns for s in seeds)
     config = load_config("cc")

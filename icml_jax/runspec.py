@@ -1,0 +1,216 @@
+"""The typed configs of a run, built from its ml_collections ConfigDict in one place.
+
+`RunSpec.from_config(config)` wraps the config; each typed block (observation, agent, learner, PPO, reward,
+warm-up, synthesis, world, limits, online, checkpointing, back ends) is built from it on first use and kept, so
+every stage and tool (main, chat, evaluate, experiments, baselines) reads the same objects. A key a block leaves
+out takes its dataclass's default: each default is defined once, in its dataclass. Blocks are built lazily, so a
+tool that needs one block (the chat: observation and agent) never fails on another's value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import ml_collections
+
+from icml_jax.configlib import field_default, known_fields
+
+if TYPE_CHECKING:
+    from icml_jax.agents.agent import AgentConfig
+    from icml_jax.agents.observation import ObservationConfig
+    from icml_jax.data.persona_world import PersonaWorldConfig
+    from icml_jax.llm.types import LLMBackend
+    from icml_jax.rl.config import PPOConfig, RewardConfig
+    from icml_jax.rl.learner import LearnerConfig
+    from icml_jax.synthesis.config import SynthesisConfig
+    from icml_jax.textcheck import TextLimits
+    from icml_jax.train.supervised import WarmupConfig
+
+# LearnerConfig fields a config's `learner` block sets (the agent's knobs are `agents.agent.LEARNER_KEYS`)
+LEARNER_LOOP_KEYS = ("update_every", "fresh_memory", "users_in_flight")
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineConfig:
+    """The online stage's `online` block: how the held-out evaluations run and which policy it starts from."""
+
+    greedy_eval: bool = False  # evaluate the sampling policy the agent acts with online
+    eval_before: bool = True  # held-out evaluation before and after online learning
+    init_from: str | None = None  # a saved policy dir (e.g. another run's <workdir>/warmup) to start from instead
+    # of this run's fresh or warmed-up policies (experiments share one warm-up across variants)
+
+    @classmethod
+    def from_config(cls, block: Any) -> OnlineConfig:
+        """From the `online` block (None: the defaults); unknown keys are an error."""
+        return cls(**known_fields(cls, block))
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """The online stage's `checkpoint` block (checked by `validation`: a positive multiple of the update interval)."""
+
+    every_episodes: int = 10  # online checkpoint interval (a multiple of learner.update_every); one more at the end
+    keep: int = 3  # complete checkpoints kept in <workdir>/checkpoints
+    async_save: bool = True  # write in the background while the next episodes play
+
+    @classmethod
+    def from_config(cls, block: Any) -> CheckpointConfig:
+        """From the `checkpoint` block (None: the defaults); unknown keys are an error."""
+        return cls(**known_fields(cls, block))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """A run's typed configs, each built once (on first use) from `config`, the ConfigDict the run was given."""
+
+    config: ml_collections.ConfigDict
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> RunSpec:
+        """The spec of `config` (nothing is built until a block is read; `validation` reads the ones a run uses)."""
+        return cls(config)
+
+    # ---------------------------------------------------------------------------------------- the policies' view
+
+    @functools.cached_property
+    def observation(self) -> ObservationConfig:
+        """What both policies see, in every stage (`config.observation`)."""
+        from icml_jax.agents.observation import ObservationConfig
+
+        return ObservationConfig(**self.config.observation.to_dict())
+
+    @functools.cached_property
+    def agent(self) -> AgentConfig:
+        """The per-turn agent's knobs (`config.learner`'s reply / note / rule keys) with the observation."""
+        from icml_jax.agents.agent import AgentConfig
+
+        return AgentConfig.from_config(self.config.get("learner"), self.observation)
+
+    # ----------------------------------------------------------------------------------------------------- rl
+
+    @functools.cached_property
+    def ppo(self) -> PPOConfig:
+        """PPO settings (`config.rl.ppo`)."""
+        from icml_jax.rl.config import PPOConfig
+
+        return PPOConfig.from_dict(self.config.rl.ppo.to_dict())
+
+    @functools.cached_property
+    def reward(self) -> RewardConfig:
+        """Reward settings (`config.rl.reward`), shared by the online stage and the warm-up's value targets."""
+        from icml_jax.rl.config import RewardConfig
+
+        return RewardConfig.from_dict(self.config.rl.reward.to_dict())
+
+    @functools.cached_property
+    def learner(self) -> LearnerConfig:
+        """The online loop (`config.learner`, `config.rl`, `config.seed`, the data's user speaker)."""
+        from icml_jax.data.stream import user_speaker
+        from icml_jax.rl.divergence import DivergenceConfig
+        from icml_jax.rl.learner import LearnerConfig
+
+        block = self.config.get("learner") or {}
+        loop = {k: block.get(k) for k in LEARNER_LOOP_KEYS if block.get(k) is not None}
+        if "users_in_flight" in loop:
+            loop["users_in_flight"] = int(loop["users_in_flight"])
+        return LearnerConfig(ppo=self.ppo, reward=self.reward, agent=self.agent, seed=self.config.seed,
+                             user_speaker=user_speaker(self.config),
+                             divergence=DivergenceConfig.from_config(block.get("divergence")), **loop)
+
+    @functools.cached_property
+    def online(self) -> OnlineConfig:
+        """The online stage's evaluation and start settings (`config.online`)."""
+        return OnlineConfig.from_config(self.config.get("online"))
+
+    @functools.cached_property
+    def checkpoint(self) -> CheckpointConfig:
+        """The online checkpoints' interval and retention (`config.checkpoint`)."""
+        return CheckpointConfig.from_config(self.config.get("checkpoint"))
+
+    # ----------------------------------------------------------------------------------- synthesis and warm-up
+
+    @functools.cached_property
+    def world(self) -> PersonaWorldConfig:
+        """The persona world of the data (`config.data.world`)."""
+        from icml_jax.data.persona_world import PersonaWorldConfig
+
+        return PersonaWorldConfig.from_config(self.config.data.world)
+
+    @functools.cached_property
+    def synthesis(self) -> SynthesisConfig:
+        """Retrospective Session Synthesis (`config.synthesis`)."""
+        from icml_jax.synthesis.config import SynthesisConfig
+
+        return SynthesisConfig.from_config(self.config.synthesis)
+
+    @functools.cached_property
+    def warmup(self) -> WarmupConfig:
+        """The supervised warm-up (`config.warmup`); its observation and value-target rewards are the run's own
+        (`config.observation`, `config.rl.reward`: `train.supervised.RUN_FIELDS` are not keys of the block)."""
+        from icml_jax.train.supervised import WarmupConfig
+
+        return WarmupConfig.from_config(self.config.warmup, observation=self.observation, rewards=self.reward)
+
+    @property
+    def data_seeds(self) -> bool:
+        """Whether the synthesis seeds come from the episodes the online stage plays (`synthesis.seed_source`);
+        read from the raw block, so validation can ask before the synthesis block is built."""
+        from icml_jax.data.stream import REAL_DATASETS
+        from icml_jax.synthesis.config import SynthesisConfig
+
+        syn = self.config.synthesis
+        if syn.get("seeds_file"):
+            return False
+        source = syn.get("seed_source", field_default(SynthesisConfig, "seed_source"))
+        return source == "data" or (source == "auto" and self.config.data.name in REAL_DATASETS)
+
+    # ------------------------------------------------------------------------------------------ the back ends
+
+    @property
+    def synthesis_role(self) -> str:
+        """The `config.llm` block that writes the expert data: `synthesizer` when set, else the generator."""
+        return "synthesizer" if self.config.llm.get("synthesizer") is not None else "generator"
+
+    @property
+    def condense_memories(self) -> bool:
+        """Whether the synthesis condenses the expert memories (with the generator), from the raw block."""
+        from icml_jax.synthesis.config import SynthesisConfig
+
+        return bool(self.config.synthesis.get("condense_memories",
+                                              field_default(SynthesisConfig, "condense_memories")))
+
+    def backend_roles(self, stages: Sequence[str]) -> list[str]:
+        """The `config.llm` back ends the stages call: synthesis writes with the synthesizer (default: the
+        generator) and condenses the expert memories with the generator (the online memory writer's back end);
+        online needs the generator and the judge."""
+        roles = []
+        if "synthesize" in stages:
+            roles.append(self.synthesis_role)
+            if self.condense_memories:
+                roles.append("generator")
+        if "online" in stages:
+            roles += ["generator", "judge"]
+        return list(dict.fromkeys(roles))
+
+    def make_backend(self, role: str) -> LLMBackend:
+        """A new client of the `config.llm.<role>` back end (the caller closes it)."""
+        from icml_jax.llm.registry import make_backend
+
+        return make_backend(self.config.llm[role])
+
+    @property
+    def judge_is_generator(self) -> bool:
+        """Whether the judge and the generator are one back end (then one client serves both roles)."""
+        return self.config.llm.judge.to_dict() == self.config.llm.generator.to_dict()
+
+    # ---------------------------------------------------------------------------------------------- the chat
+
+    @functools.cached_property
+    def limits(self) -> TextLimits:
+        """Size caps on untrusted text (`config.limits`; a run written before the block existed: the defaults)."""
+        from icml_jax.textcheck import TextLimits
+
+        return TextLimits.from_config(self.config.get("limits"))

@@ -1,0 +1,187 @@
+"""The online stage: PPO (Algorithm 1) on the data stream with held-out evaluations before and after, Orbax
+checkpoints of the whole state every `checkpoint.every_episodes` episodes, and the gathering of several JAX
+processes' rows and states."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from icml_jax.stages.run import Run, is_primary
+from icml_jax.workdir import CHECKPOINT_DIR
+
+
+def session_rows(phase: str, sessions: Sequence[Any]) -> list[dict[str, Any]]:
+    """Per-session-number rows of the per-session table (labels pooled over episodes, mean judged rewards)."""
+    from icml_jax.rl.learner import pooled_metrics
+
+    rows = []
+    for number in sorted({c.session for c in sessions}):
+        m = pooled_metrics([c for c in sessions if c.session == number], "m")
+        rows.append({"table": "sessions", "phase": phase, "session": number + 1,
+                     "planner_precision": m["m/planner_precision"], "planner_recall": m["m/planner_recall"],
+                     "trigger_recall": m["m/trigger_recall"], "reward_trigger": m["m/reward_quality"],
+                     "reward_proxy": m["m/reward_proxy"],
+                     "decisions": sum(c.turns for c in sessions if c.session == number)})
+    return rows
+
+
+def stage_online(run: Run) -> dict[str, Any]:
+    """Online PPO (Algorithm 1) with held-out evaluations before and after, checkpointed every N episodes.
+
+    Resumes from the checkpoint `run` chose (the newest in `<workdir>/checkpoints` that restores): learner state,
+    every user's memory, the data stream's position and the before-evaluation come back; metrics written after
+    that checkpoint were already cut by `run`.
+
+    With P JAX processes each plays every P-th episode (its users, memories and pending rewards its own), every
+    update is one global PPO step over all of their decisions, the first process writes the metrics of all, and
+    a checkpoint holds each process's state (`gather_state`).
+    """
+    import jax
+
+    from icml_jax import parallel
+    from icml_jax.data.stream import EVAL_OFFSET, held_out_episodes, online_stream
+    from icml_jax.llm.judges import ProxyJudge, QualityJudge
+    from icml_jax.memory.store import MemoryStore
+    from icml_jax.rl.checkpoint import RunCheckpointer, load_memory_state, memory_state
+    from icml_jax.rl.learner import OnlineLearner, evaluate, pooled_metrics, user_groups
+
+    config, spec = run.config, run.spec
+    policies, tokenizer = run.models()
+    stream, held_out = online_stream(config), held_out_episodes(config)
+    generator = spec.make_backend("generator")
+    # one client when both roles are one back end
+    judge = generator if spec.judge_is_generator else spec.make_backend("judge")
+    learner_cfg = spec.learner
+    agent_cfg = learner_cfg.agent  # the held-out agent writes replies and notes as the online one does
+
+    def held_out_eval(seen: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        if not held_out:
+            return {}, []
+        sessions = evaluate(policies, tokenizer, held_out, agent_config=agent_cfg, backend=generator,
+                            user_speaker=learner_cfg.user_speaker, greedy=spec.online.greedy_eval,
+                            seed=config.seed + EVAL_OFFSET, users_in_flight=learner_cfg.users_in_flight)
+        metrics = pooled_metrics(sessions, "eval")
+        run.metrics.write("eval", {"episodes_seen": seen, **metrics}, step=seen)
+        return metrics, session_rows("before" if seen == 0 else "after", sessions)
+
+    every = int(spec.checkpoint.every_episodes)
+    count = jax.process_count()
+    update_mesh, _ = parallel.process_meshes(dict(config.parallel.mesh))
+    with MemoryStore() as store, RunCheckpointer(run.workdir / CHECKPOINT_DIR, keep=int(spec.checkpoint.keep),
+                                                 async_save=bool(spec.checkpoint.async_save)) as ckpt:
+        learner = OnlineLearner(policies, tokenizer, store, generator, proxy_judge=ProxyJudge(judge),
+                                quality_judge=QualityJudge(judge), config=learner_cfg,
+                                update_mesh=update_mesh if parallel.model_mesh(policies) is not None else None)
+
+        saved: int | None = None  # the last step saved or restored (an async save may not be listed yet)
+
+        def save(extra: dict[str, Any]) -> None:
+            nonlocal saved
+            state = learner.state_dict()
+            arrays = {k: state.pop(k) for k in ("params", "rest", "optimizer", "agent_key")}
+            ckpt.save(learner.episodes_seen, arrays, gather_state({**state, **extra, "memory": memory_state(store),
+                                                                    "data": stream.get_state(),
+                                                                    "metrics_bytes": run.metrics.position()}))
+            saved = learner.episodes_seen
+
+        restored, run.resume = run.resume, None  # read by workdir.resume_point, so the metrics were cut at its step
+        if restored is not None:
+            saved, arrays, state = restored
+            state = own_state(state, run.workdir / CHECKPOINT_DIR / str(saved))
+            learner.load_state_dict({**state, **arrays})
+            load_memory_state(store, state["memory"])
+            stream.set_state(state["data"])
+        else:  # the warmed-up start is resume point 0; the warm-up, deferred until now, is recoverable from it
+            if spec.online.init_from:
+                from icml_jax.train.checkpoint import load_warmup
+
+                load_warmup(Path(spec.online.init_from).expanduser(), policies)
+            save({"before": {}, "before_rows": []})
+            ckpt.wait()
+            run.commit()
+        if learner.episodes_seen == 0:
+            before, before_rows = held_out_eval(0) if spec.online.eval_before else ({}, [])
+        else:
+            before, before_rows = state["before"], state["before_rows"]
+        extra = {"before": before, "before_rows": before_rows}
+        bar = tqdm(stream, desc="online episodes", unit="ep", total=stream.total,
+                   initial=learner.episodes_seen // count, leave=False, disable=not is_primary())
+        rows: list[dict[str, Any]] = []  # episode rows not yet written (several processes: until an update)
+        for group in user_groups(bar, learner_cfg.users_in_flight, learner_cfg.update_every // count,
+                                 learner.episodes_seen // count):
+            first = learner.episodes_seen + 1 + jax.process_index()  # this process plays every count-th
+            rows += [{"episode": first + i * count, **out} for i, out in enumerate(learner.run_episodes(group))]
+            if count == 1 or learner.episodes_seen % learner_cfg.update_every == 0:  # the same call everywhere
+                write_episode_rows(run.metrics, rows)
+                rows = []
+            if learner.episodes_seen % every == 0:
+                save(extra)
+        if count > 1:
+            write_episode_rows(run.metrics, rows)
+        if learner.has_pending():  # the episodes after the last update still teach: one last update
+            out = learner.update()
+            run.metrics.write("online", {"episode": learner.episodes_seen, **out}, step=learner.episodes_seen)
+        if saved != learner.episodes_seen:
+            save(extra)
+        ckpt.wait()
+        learner.close()  # the turn request threads of remote back ends
+        session_log = [c for part in parallel.allgather_objects(learner.session_log) for c in part]
+        online = pooled_metrics(session_log, "online")
+        online_rows = session_rows("online", session_log)
+        after, after_rows = held_out_eval(learner.episodes_seen)
+    for row in before_rows + online_rows + after_rows:
+        run.metrics.write("online", row)
+    summary = {"episodes": learner.episodes_seen, "updates": learner.updates,
+               "skipped_steps": int(parallel.to_host(learner.updater.num_skipped)),
+               "rollbacks": learner.updater.monitor.rollbacks,
+               **online,
+               **{f"after/{k}": v for k, v in after.items()}, **{f"before/{k}": v for k, v in before.items()}}
+    run.save_policy({"stage": "online", "episodes": learner.episodes_seen, "updates": learner.updates})
+    run.metrics.write("online", {"final": True, **summary})
+    return summary
+
+
+def write_episode_rows(metrics: Any, rows: list[dict[str, Any]]) -> None:
+    """Writes the online rows of the episodes played since the last update, from every process, in episode
+    order (a collective with several processes). An update's figures (every key that is not `episode/...`) sit
+    on every process's last row: they stay on the last episode only, as one process playing all writes them."""
+    from icml_jax import parallel
+
+    parts = parallel.allgather_objects(rows)
+    merged = sorted((r for part in parts for r in part), key=lambda r: r["episode"])
+    if len(parts) > 1:
+        for row in merged[:-1]:
+            for key in [k for k in row if k != "episode" and not k.startswith("episode/")]:
+                row.pop(key)
+    for row in merged:
+        metrics.write("online", row, step=row["episode"])
+
+
+def gather_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's JSON state: this process's, or with several processes every process's (they differ in
+    their users' memories, pending rewards, data position) under "processes", the first one's metrics length
+    on top (a collective)."""
+    from icml_jax import parallel
+
+    parts = parallel.allgather_objects(state)
+    if len(parts) == 1:
+        return state
+    return {"process_count": len(parts), "metrics_bytes": parts[0]["metrics_bytes"], "processes": parts}
+
+
+def own_state(state: dict[str, Any], where: Path) -> dict[str, Any]:
+    """This process's part of a checkpoint's JSON state (`gather_state`); a checkpoint of another number of
+    processes is an error naming both."""
+    import jax
+
+    from icml_jax.rl.checkpoint import CheckpointError
+
+    saved = int(state.get("process_count", 1))
+    if saved != jax.process_count():
+        raise CheckpointError(f"{where} is a checkpoint of a run of {saved} JAX process(es); this run has "
+                              f"{jax.process_count()}: resume it with {saved} (each process holds its own users)")
+    return state["processes"][jax.process_index()] if saved > 1 else state

@@ -1,0 +1,208 @@
+"""Everything about a config that can be checked before any stage runs: one `ConfigError` naming the field (and
+what to do), raised before the workdir is touched. `validate` is the entry; the checks below are its parts."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+
+from icml_jax.configlib import ConfigError, field_default
+from icml_jax.runspec import RunSpec
+from icml_jax.stages import STAGES
+from icml_jax.workdir import CONFIG_FILE, SYNTHESIS_DIR, config_text
+
+# where this process joins its run (coordinator, process id): not part of which run a workdir holds
+PER_START_KEYS = ("parallel.distributed.", "limits.")  # limits: the chat's and the API's, not the run's
+
+
+def parse_stages(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """`config.mode` as a tuple of stage names (a comma-separated string from the command line works too)."""
+    mode = config.mode
+    parts = [mode] if isinstance(mode, str) else list(mode)
+    names = tuple(s.strip() for part in parts for s in str(part).split(",") if s.strip())
+    unknown = [s for s in names if s not in STAGES]
+    if not names or unknown:
+        raise ConfigError(f"config.mode={names!r}: unknown or no stage(s) {unknown}; stages are {STAGES}")
+    if len(set(names)) != len(names) or list(names) != sorted(names, key=STAGES.index):
+        raise ConfigError(f"config.mode={names!r}: each stage at most once, in the order {STAGES}")
+    return names
+
+
+def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
+             spec: RunSpec | None = None) -> tuple[str, ...]:
+    """Checks everything that can be checked before work starts; returns the stages to run. The typed configs
+    it builds stay in `spec` (the run's, when given), so the stages read the very objects checked here."""
+    from icml_jax import parallel
+    from icml_jax.data.stream import check_data_config
+    from icml_jax.llm.gemini import read_api_key
+    from icml_jax.llm.registry import check_backend
+    from icml_jax.llm.types import MissingAPIKeyError
+
+    if not str(workdir):
+        raise ConfigError("--workdir is required: the directory that receives metrics.jsonl and stage outputs")
+    stages = parse_stages(config)
+    spec = spec if spec is not None else RunSpec.from_config(config)
+    try:  # seed sessions drawn from the data read the same episodes as the online stage
+        check_data_config(config, (*stages, "online") if "synthesize" in stages and spec.data_seeds else stages)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if "warmup" in stages and "synthesize" not in stages:
+        manifest = Path(workdir) / SYNTHESIS_DIR / "manifest.json"
+        if not manifest.is_file():
+            raise ConfigError(f"config.mode runs 'warmup' without 'synthesize' but {manifest} does not exist; "
+                              f"add 'synthesize' to config.mode or synthesize into that directory first")
+    if config.model.kind == "pretrained":
+        path = config.model.path
+        if not path:
+            raise ConfigError("config.model.path is not set: point it at a local Hugging Face checkpoint "
+                              "directory (config.json + *.safetensors), e.g. --config.model.path=/models/Qwen3-1.7B")
+        if not (Path(path).expanduser() / "config.json").is_file():
+            raise ConfigError(f"config.model.path={path!r}: no config.json there; expected a local Hugging Face "
+                              f"checkpoint directory (nothing is downloaded)")
+        trigger = config.policy.trigger_model
+        if trigger and not (Path(trigger).expanduser() / "config.json").is_file():
+            raise ConfigError(f"config.policy.trigger_model={trigger!r}: no config.json there; expected a local "
+                              f"Hugging Face checkpoint directory")
+    elif config.model.kind == "tiny":
+        if config.data.name != "persona_world":
+            raise ConfigError("config.model.kind='tiny' builds its tokenizer from the persona world's vocabulary; "
+                              f"it needs config.data.name='persona_world', got {config.data.name!r}")
+    else:
+        raise ConfigError(f"config.model.kind={config.model.kind!r} is not 'pretrained' or 'tiny'")
+    roles = spec.backend_roles(stages)
+    for role, block in config.llm.items():  # every block's kind, keys and values, used by these stages or not
+        if block is None and role not in roles:
+            continue
+        try:
+            if block is None:
+                raise ValueError(f"config.llm.{role}: no back end configured, but the stages {list(stages)} use it")
+            values = check_backend(block, f"config.llm.{role}")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if role in roles and values["kind"] == "gemini":
+            env = tuple(values.get("api_key_env") or ("GEMINI_API_KEY", "GOOGLE_API_KEY"))
+            try:
+                read_api_key(env)  # the key itself is never kept, logged or written
+            except MissingAPIKeyError as exc:
+                raise ConfigError(f"config.llm.{role} is a Gemini back end ({values.get('model')}): {exc}; or try "
+                                  f"it without a key: --config.llm.{role}.kind=offline") from None
+    if {"synthesize", "warmup"} & set(stages):
+        check_candidates(config)
+    check_blocks(spec, stages)
+    check_checkpoint(config)
+    init_from = (config.get("online") or {}).get("init_from")
+    if init_from and "online" in stages:
+        from icml_jax.train.checkpoint import META_FILE
+
+        if "warmup" in stages:
+            raise ConfigError("config.online.init_from starts the online stage from a saved policy, but config.mode "
+                              "also runs 'warmup', whose result it would replace; drop one of them")
+        if not (Path(init_from).expanduser() / META_FILE).is_file():
+            raise ConfigError(f"config.online.init_from={init_from!r}: no saved policy there ({META_FILE} missing)")
+    check_same_run(config, workdir)
+    import jax
+
+    parallel.initialize(config.parallel.distributed.to_dict())
+    try:
+        mesh, _ = parallel.process_meshes(dict(config.parallel.mesh))
+    except ValueError as exc:
+        raise ConfigError(f"config.parallel.mesh: {exc}") from None
+    size = int(config.rl.ppo.minibatch_size)
+    if "online" in stages and size % mesh.shape["data"]:  # PPO minibatch rows are sharded over `data`
+        raise ConfigError(f"config.rl.ppo.minibatch_size={size} cannot be sharded over config.parallel.mesh.data="
+                          f"{mesh.shape['data']} devices: make it a multiple of {mesh.shape['data']}")
+    if jax.process_count() > 1:
+        check_processes(config, stages, jax.process_count())
+    return stages
+
+
+def check_processes(config: ml_collections.ConfigDict, stages: Sequence[str], count: int) -> None:
+    """What a run of several JAX processes needs: the online stage alone (each process plays its users; the
+    synthesis and the warm-up run in one process first), whole groups of users per update, equal shares."""
+    from icml_jax.rl.learner import LearnerConfig
+
+    if tuple(stages) != ("online",):
+        raise ConfigError(f"config.mode={tuple(stages)!r} on {count} JAX processes: several processes run the online "
+                          "stage only. Run synthesize and warmup in one process first (--config.mode=synthesize,warmup "
+                          "--workdir=W0), then every process with --config.mode=online "
+                          "--config.online.init_from=W0/warmup and a new --workdir (README, Scaling out)")
+    learner = config.learner
+    b = int(learner.get("users_in_flight", field_default(LearnerConfig, "users_in_flight")))
+    every = int(learner.update_every)
+    if every % (count * b):
+        raise ConfigError(f"config.learner.update_every={every} must be a multiple of the {count} processes x "
+                          f"learner.users_in_flight={b} (an update follows a whole group of users on every process)")
+    if config.data.name == "persona_world" and int(config.data.train_episodes) % count:
+        raise ConfigError(f"config.data.train_episodes={config.data.train_episodes} must be a multiple of the {count} "
+                          "processes (each plays an equal share, in lockstep)")
+
+
+def check_blocks(spec: RunSpec, stages: Sequence[str]) -> None:
+    """Builds each typed config the stages use (kept in `spec`) so a bad value fails now, naming its block."""
+    checks: list[tuple[str, Callable[[], Any]]] = [
+        ("observation", lambda: spec.observation),
+        ("rl", lambda: (spec.ppo, spec.reward)),
+        ("data.world", lambda: spec.world),
+        ("limits", lambda: spec.limits),
+    ]
+    if "synthesize" in stages:
+        checks.append(("synthesis", lambda: spec.synthesis))
+    if "warmup" in stages:
+        checks.append(("warmup", lambda: spec.warmup))
+    if "online" in stages:
+        checks += [("learner", lambda: spec.learner), ("online", lambda: spec.online),
+                   ("checkpoint", lambda: spec.checkpoint)]
+    for name, check in checks:
+        try:
+            check()
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"config.{name}: {exc}") from None
+
+
+def check_candidates(config: ml_collections.ConfigDict) -> None:
+    """A synthesized Trigger example shows its positive and its negatives: they must fit the observation."""
+    syn, limit = config.synthesis, config.observation.max_candidates
+    shown = 1 + int(syn.hard_negatives) + int(syn.soft_negatives)
+    if shown > limit:
+        raise ConfigError(f"config.observation.max_candidates={limit} is smaller than the memories a synthesized "
+                          f"Trigger example shows (1 + synthesis.hard_negatives={syn.hard_negatives} + "
+                          f"synthesis.soft_negatives={syn.soft_negatives} = {shown}); raise max_candidates or lower "
+                          "the negatives")
+
+
+def check_checkpoint(config: ml_collections.ConfigDict) -> None:
+    """Checkpoints are taken right after a PPO update, so their interval is a multiple of the update interval."""
+    every, keep, update_every = config.checkpoint.every_episodes, config.checkpoint.keep, config.learner.update_every
+    if not isinstance(keep, int) or keep < 1:
+        raise ConfigError(f"config.checkpoint.keep={keep!r}: must be a positive int (checkpoints kept)")
+    if not isinstance(every, int) or every < 1 or every % update_every:
+        raise ConfigError(f"config.checkpoint.every_episodes={every!r}: must be a positive multiple of "
+                          f"config.learner.update_every={update_every} (a checkpoint follows a PPO update)")
+
+
+def check_same_run(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str]) -> None:
+    """A workdir resumes only the run it holds: another config there would mix two runs' state. How the processes
+    find each other (`parallel.distributed`: each has its own id, a restart may get a new coordinator) is not
+    compared; the number of processes is checked against the checkpoint on restore."""
+    path = Path(workdir).expanduser() / CONFIG_FILE
+    if path.is_file() and path.read_text(encoding="utf-8") != config_text(config):
+        old, new = (flatten(json.loads(text)) for text in (path.read_text(encoding="utf-8"), config_text(config)))
+        diff = sorted(k for k in old.keys() | new.keys() if old.get(k, "<absent>") != new.get(k, "<absent>")
+                      and not k.startswith(PER_START_KEYS))
+        if not diff:
+            return
+        raise ConfigError(f"{workdir} holds a run with another config (differs at {diff[:6]}); resume it with "
+                          "the same config or use a new --workdir")
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{'a.b.c': leaf} of a nested JSON object."""
+    if not isinstance(tree, dict) or not tree:
+        return {prefix: tree}
+    return {k: v for key, sub in tree.items() for k, v in flatten(sub, f"{prefix}.{key}" if prefix else key).items()}
+

@@ -1,0 +1,79 @@
+"""RunSpec: every typed config of a run built once from the ConfigDict, and configs/base.py's blocks equal to
+their dataclasses' defaults (each default is defined once, in its dataclass)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from icml_jax.agents.agent import LEARNER_KEYS, AgentConfig
+from icml_jax.agents.observation import ObservationConfig
+from icml_jax.configlib import field_default
+from icml_jax.data.persona_world import PersonaWorldConfig
+from icml_jax.rl.config import PPOConfig, RewardConfig
+from icml_jax.rl.divergence import DivergenceConfig
+from icml_jax.rl.learner import LearnerConfig
+from icml_jax.runspec import LEARNER_LOOP_KEYS, CheckpointConfig, OnlineConfig, RunSpec
+from icml_jax.synthesis.config import SynthesisConfig
+from icml_jax.textcheck import TextLimits
+from icml_jax.train.supervised import RUN_FIELDS, WarmupConfig
+from tests.config_files import load_config
+
+
+def test_the_base_config_blocks_are_the_dataclass_defaults():
+    base = load_config("base")
+    spec = RunSpec.from_config(base)
+    assert dict(base.observation) == dataclasses.asdict(ObservationConfig()) and spec.observation == ObservationConfig()
+    assert base.rl.ppo.to_dict() == PPOConfig().to_dict() and spec.ppo == PPOConfig()
+    assert base.rl.reward.to_dict() == RewardConfig().to_dict() and spec.reward == RewardConfig()
+    assert not set(RUN_FIELDS) & set(base.warmup)  # the warm-up sees the run's observation and rewards
+    assert spec.warmup == WarmupConfig()
+    assert spec.synthesis == SynthesisConfig() and spec.world == PersonaWorldConfig()
+    assert {k: base.learner[k] for k in LEARNER_KEYS} == {k: getattr(AgentConfig(), k) for k in LEARNER_KEYS}
+    assert {k: base.learner[k] for k in LEARNER_LOOP_KEYS} == {k: getattr(LearnerConfig(), k)
+                                                              for k in LEARNER_LOOP_KEYS}
+    assert base.learner.divergence.to_dict() == DivergenceConfig().to_dict()
+    assert spec.agent == AgentConfig() and spec.learner == LearnerConfig()
+    assert base.online.to_dict() == dataclasses.asdict(OnlineConfig()) and spec.online == OnlineConfig()
+    assert base.checkpoint.to_dict() == dataclasses.asdict(CheckpointConfig()) and spec.checkpoint == CheckpointConfig()
+    assert dict(base.limits) == dataclasses.asdict(TextLimits()) and spec.limits == TextLimits()
+
+
+def test_each_block_is_built_once_and_missing_keys_take_the_dataclass_defaults():
+    config = load_config("demo")
+    with config.unlocked():
+        for key in ("users_in_flight", "reply_max_tokens", "supersede_candidates"):
+            del config.learner[key]
+        del config["online"], config["checkpoint"]
+    spec = RunSpec.from_config(config)
+    assert spec.learner is spec.learner and spec.agent is spec.learner.agent  # built once, shared
+    assert spec.learner.users_in_flight == field_default(LearnerConfig, "users_in_flight")
+    assert spec.agent.reply_max_tokens == field_default(AgentConfig, "reply_max_tokens")
+    assert spec.agent.supersede_candidates == field_default(AgentConfig, "supersede_candidates")
+    assert spec.online == OnlineConfig() and spec.checkpoint == CheckpointConfig()
+    assert spec.agent.observation is spec.observation and spec.warmup.observation is spec.observation
+    assert spec.warmup.rewards is spec.reward and spec.learner.reward is spec.reward
+
+
+def test_a_bad_block_fails_when_read_naming_the_class_and_a_typo_is_an_error():
+    config = load_config("demo")
+    config.checkpoint.keep = 2
+    with config.unlocked():
+        config.online.eval_befor = True
+    spec = RunSpec.from_config(config)
+    assert spec.checkpoint.keep == 2
+    with pytest.raises(ValueError, match=r"OnlineConfig: unknown key\(s\) \['eval_befor'\]"):
+        spec.online
+    with pytest.raises(ValueError, match="field_default: AgentConfig has no field 'nope'"):
+        field_default(AgentConfig, "nope")
+
+
+def test_validate_fills_the_spec_the_run_reads(tmp_path):
+    from icml_jax.validation import validate
+
+    spec = RunSpec.from_config(load_config("demo"))
+    assert validate(spec.config, tmp_path, spec) == ("synthesize", "warmup", "online")
+    built = set(vars(spec))  # cached_property keeps each block in the instance's __dict__
+    assert {"observation", "ppo", "reward", "world", "limits", "synthesis", "warmup", "learner", "agent", "online",
+            "checkpoint"} <= built
