@@ -229,14 +229,17 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     _model_metric_settings(config)  # BERTScore / MAUVE models checked before anything is played
     tokenizer = build_tokenizer(config, workdir)
     cache = ResponseCache(Path(cache_path) if cache_path else out_dir / CACHE_FILE)
-    remote = lambda block: block.get("kind") == "gemini"  # noqa: E731  (one request per call: nothing lost)
-    generator = CachedBackend(make_backend(config.llm.generator), cache,
-                              answer_namespace(config.llm.generator.to_dict()), per_request=remote(config.llm.generator))
+    # an HTTP back end (Gemini, OpenAI-compatible) makes one call per request anyway: sending them one at a time
+    # stores each answer as it arrives, so a killed evaluation loses nothing
+    remote = lambda backend: bool(getattr(backend, "remote", False))  # noqa: E731
+    generator_backend = make_backend(config.llm.generator)
+    generator = CachedBackend(generator_backend, cache, answer_namespace(config.llm.generator.to_dict()),
+                              per_request=remote(generator_backend))
     count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     use_judge = bool((config.get("eval") or {}).get("judge", True))
-    judge_backend = CachedBackend(make_backend(config.llm.judge), cache,
-                                  answer_namespace(config.llm.judge.to_dict()),
-                                  per_request=remote(config.llm.judge)) if use_judge else None
+    judge_raw = make_backend(config.llm.judge) if use_judge else None
+    judge_backend = CachedBackend(judge_raw, cache, answer_namespace(config.llm.judge.to_dict()),
+                                  per_request=remote(judge_raw)) if use_judge else None
     try:
         with MemoryStore() as store:
             agent, provenance = factory(EvalContext(config, workdir, generator, judge_backend, store, tokenizer,

@@ -39,8 +39,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
     it builds stay in `spec` (the run's, when given), so the stages read the very objects checked here."""
     from icml_jax import parallel
     from icml_jax.data.stream import check_data_config
-    from icml_jax.llm.gemini import read_api_key
-    from icml_jax.llm.registry import check_backend
+    from icml_jax.llm.registry import api_key_variables, check_backend
+    from icml_jax.llm.remote import read_api_key
     from icml_jax.llm.types import MissingAPIKeyError
 
     if not str(workdir):
@@ -84,13 +84,14 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
             values = check_backend(block, f"config.llm.{role}")
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        if role in roles and values["kind"] == "gemini":
-            env = tuple(values.get("api_key_env") or ("GEMINI_API_KEY", "GOOGLE_API_KEY"))
+        name, env = api_key_variables(values)
+        if role in roles and env:
             try:
-                read_api_key(env)  # the key itself is never kept, logged or written
+                read_api_key(env, f"{values['kind']} back end")  # the key itself is never kept, logged or written
             except MissingAPIKeyError as exc:
-                raise ConfigError(f"config.llm.{role} is a Gemini back end ({values.get('model')}): {exc}; or try "
-                                  f"it without a key: --config.llm.{role}.kind=offline") from None
+                raise ConfigError(f"config.llm.{role} is a{'n' if name[0] in 'AEIOU' else ''} {name} back end "
+                                  f"({values.get('model')}): {exc}; or try it without a key: "
+                                  f"--config.llm.{role}.kind=offline") from None
     if {"synthesize", "warmup"} & set(stages):
         check_candidates(config)
     check_blocks(spec, stages)
@@ -144,6 +145,8 @@ def check_processes(config: ml_collections.ConfigDict, stages: Sequence[str], co
 
 def check_blocks(spec: RunSpec, stages: Sequence[str]) -> None:
     """Builds each typed config the stages use (kept in `spec`) so a bad value fails now, naming its block."""
+    from icml_jax.agents.prefilter import encoder_directory
+
     checks: list[tuple[str, Callable[[], Any]]] = [
         ("observation", lambda: spec.observation),
         ("rl", lambda: (spec.ppo, spec.reward)),
@@ -157,10 +160,13 @@ def check_blocks(spec: RunSpec, stages: Sequence[str]) -> None:
     if "online" in stages:
         checks += [("learner", lambda: spec.learner), ("online", lambda: spec.online),
                    ("checkpoint", lambda: spec.checkpoint)]
+    if {"warmup", "online"} & set(stages):  # both rank memories with the prefilter: its encoder must be there
+        checks.append(("observation", lambda: spec.observation.prefilter == "embedding"
+                       and encoder_directory(spec.observation.prefilter_model)))
     for name, check in checks:
         try:
             check()
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, FileNotFoundError) as exc:
             raise ConfigError(f"config.{name}: {exc}") from None
 
 

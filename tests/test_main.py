@@ -160,6 +160,10 @@ def _bad(**changes) -> ml_collections.ConfigDict:
      "config.llm.judge is a Gemini back end (gemini-2.5-flash): gemini back end: no API key found"),
     (dict(llm__synthesizer=ml_collections.ConfigDict(dict(kind="gemini", model="gemini-2.5-pro"))),
      "config.llm.synthesizer is a Gemini back end (gemini-2.5-pro): gemini back end: no API key found"),
+    (dict(llm__judge=ml_collections.ConfigDict(dict(kind="openai", model="gpt-4o-mini"))),
+     "config.llm.judge is an OpenAI-compatible back end (gpt-4o-mini): openai back end: no API key found"),
+    (dict(llm__judge=ml_collections.ConfigDict(dict(kind="openai", model="m", api_key_env=("MY_VLLM_KEY",)))),
+     "openai back end: no API key found; set one of MY_VLLM_KEY; or try it without a key"),
     (dict(parallel__mesh__tensor=jax.device_count() + 1), "config.parallel.mesh: mesh spec"),
     (dict(rl__ppo__clip_eps=-1.0), "config.rl: PPOConfig.clip_eps must be > 0"),
     (dict(synthesis__num_seeds=0), "config.synthesis: SynthesisConfig.num_seeds must be a positive int"),
@@ -175,9 +179,11 @@ def _bad(**changes) -> ml_collections.ConfigDict:
     (dict(warmup__divergence__max_update_ratio=-1.0), "config.warmup: DivergenceConfig.max_update_ratio"),
     (dict(learner__users_in_flight=3), "LearnerConfig.users_in_flight must be a positive int dividing update_every"),
     (dict(limits__max_text_chars=0), "config.limits: TextLimits.max_text_chars must be a positive int, got 0"),
+    (dict(observation__prefilter="embedding", observation__prefilter_model="/nonexistent/encoder"),
+     "config.observation: observation.prefilter_model='/nonexistent/encoder' is not a directory"),
 ])
 def test_config_errors_come_before_any_stage(tmp_path, monkeypatch, changes, message):
-    for name in ("GEMINI_API_KEY", "GOOGLE_API_KEY"):
+    for name in ("GEMINI_API_KEY", "GOOGLE_API_KEY", "OPENAI_API_KEY", "MY_VLLM_KEY"):
         monkeypatch.delenv(name, raising=False)
     called = []
     monkeypatch.setattr(pipeline, "STAGE_FNS", {s: (lambda run, s=s: called.append(s)) for s in job.STAGES})
@@ -186,6 +192,13 @@ def test_config_errors_come_before_any_stage(tmp_path, monkeypatch, changes, mes
         job.run(_bad(**changes), workdir)
     assert message in str(err.value)
     assert not called and not workdir.exists()
+
+
+def test_a_keyless_openai_compatible_server_passes_the_key_check(tmp_path, monkeypatch):
+    """`api_key_env=()` (a local vLLM / llama.cpp server started without a key) needs no variable set."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    config = _bad(llm__judge=ml_collections.ConfigDict(dict(kind="openai", model="m", api_key_env=())))
+    assert "online" in job.validate(config, tmp_path / "work")
 
 
 def test_a_back_end_kind_switch_works_and_every_gemini_knob_is_settable(tmp_path, monkeypatch, caplog):

@@ -14,6 +14,7 @@ BackendFactory = Callable[[Mapping[str, Any]], LLMBackend]
 _FACTORIES: dict[str, BackendFactory] = {}
 _OPTIONS: dict[str, frozenset[str]] = {}
 _CHECKS: dict[str, Callable[[Mapping[str, Any]], None]] = {}
+_KEY_VARIABLES: dict[str, tuple[str, Callable[[Mapping[str, Any]], tuple[str, ...]]]] = {}
 logger = logging.getLogger(__name__)
 
 
@@ -47,15 +48,29 @@ def dataclass_from_config(cls: type[T], cfg: Any, *, ignore: tuple[str, ...] = (
 
 
 def register_backend(kind: str, factory: BackendFactory, options: Iterable[str] = (),
-                     check: Callable[[Mapping[str, Any]], None] | None = None) -> None:
+                     check: Callable[[Mapping[str, Any]], None] | None = None,
+                     key_variables: tuple[str, Callable[[Mapping[str, Any]], tuple[str, ...]]] | None = None) -> None:
     """Make `make_backend({'kind': kind, ...})` call `factory(options)` (e.g. the local Flax back end).
 
     `options`: the keys this kind takes besides `kind` (what `resolve_options` keeps); `check`: validates a
-    block's options without building anything (no model load, no connection), for the up-front config check.
+    block's options without building anything (no model load, no connection), for the up-front config check;
+    `key_variables`: (the kind's name in messages, options -> the environment variables its API key is read from).
     """
     _FACTORIES[kind] = factory
     _OPTIONS[kind] = frozenset(options)
     _CHECKS[kind] = check or (lambda values: None)
+    if key_variables is not None:
+        _KEY_VARIABLES[kind] = key_variables
+    else:
+        _KEY_VARIABLES.pop(kind, None)
+
+
+def api_key_variables(values: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """(the kind's display name, the environment variables its API key is read from) of a resolved block
+    (`check_backend`'s output); ("", ()) for a kind, or a keyless server, that needs no key."""
+    name, variables = _KEY_VARIABLES.get(values["kind"], ("", lambda _: ()))
+    env = tuple(variables(values))
+    return (name, env) if env else ("", ())
 
 
 def available_backends() -> list[str]:
@@ -150,8 +165,10 @@ def _register_builtin() -> None:
     from icml_jax.llm.gemini import GeminiConfig
     from icml_jax.llm.openai_compat import OpenAIConfig
 
-    register_backend("gemini", _gemini, _fields(GeminiConfig), check=_gemini_config)
-    register_backend("openai", _openai, _fields(OpenAIConfig), check=_openai_config)
+    register_backend("gemini", _gemini, _fields(GeminiConfig), check=_gemini_config,
+                     key_variables=("Gemini", lambda values: _gemini_config(values).api_key_env))
+    register_backend("openai", _openai, _fields(OpenAIConfig), check=_openai_config,
+                     key_variables=("OpenAI-compatible", lambda values: _openai_config(values).api_key_env))
 
 
 _register_builtin()
