@@ -19,3 +19,30 @@ _XLA_CACHE = tempfile.mkdtemp(prefix="icml_jax_tests_xla_cache_")
 atexit.register(shutil.rmtree, _XLA_CACHE, True)
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _XLA_CACHE)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+# Under pytest-xdist (`-n 2 --dist loadfile --no-loadscope-reorder`, the README's command) each test file runs
+# whole on one worker, and the files are handed out in collection order: the slowest go first, so the workers
+# do not end with one long file running alone. Only the order of files changes, and only under xdist.
+SLOWEST_FIRST = (
+    "tests/models/test_real_models.py",
+    "tests/experiments/test_experiments.py",
+    "tests/train/test_warmup.py",
+    "tests/rl/test_learning.py",
+    "tests/test_main_multihost.py",
+    "tests/test_notebooks.py",
+    "tests/test_resume.py",
+    "tests/test_main.py",
+    "tests/test_evaluate.py",
+    "tests/rl/test_learner.py",
+    "tests/test_multihost.py",
+    "tests/test_chat.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slowest test files first when an xdist worker collects (each worker must collect the same order)."""
+    if not hasattr(config, "workerinput"):
+        return
+    rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
+    root = config.rootpath
+    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
