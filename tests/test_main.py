@@ -98,7 +98,7 @@ def test_demo_runs_end_to_end(tmp_path, monkeypatch):
 
     # issue 18: forgetting a user of this real run leaves none of their memories in any file of the workdir
     from icml_jax import erasure
-    from icml_jax.rl.checkpoint import RunCheckpointer
+    from icml_jax.checkpoint import RunCheckpointer
 
     with RunCheckpointer(tmp_path / layout.CHECKPOINT_DIR) as ckpt:
         memory = ckpt.restore_state()[1]["memory"]

@@ -38,7 +38,7 @@ from icml_jax.llm.types import LLMBackend, TokenUsage
 from icml_jax.memory.store import MemoryStore
 from icml_jax.models.sampler import bucket
 from icml_jax.rl.advantages import compute_advantages
-from icml_jax.rl.checkpoint import policy_arrays, restore_policy_arrays
+from icml_jax.checkpoint import flat_arrays, restore_arrays
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig
 from icml_jax.rl.pending import PendingRewardBuffer, SaveReward
@@ -652,8 +652,8 @@ class OnlineLearner:
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
-            "params": policy_arrays(nnx.state(self.policies, TRAINABLE)),
-            "rest": policy_arrays(nnx.state(self.policies, nnx.Not(nnx.Param))),
+            "params": flat_arrays(nnx.state(self.policies, TRAINABLE)),
+            "rest": flat_arrays(nnx.state(self.policies, nnx.Not(nnx.Param))),
             "optimizer": self.updater.state_dict(),  # host copies: the live state is donated
             "buffer": self.buffer.state_dict(),
             "divergence": self.updater.monitor.state_dict(),
@@ -671,9 +671,9 @@ class OnlineLearner:
         targets = {name: nnx.state(self.policies, filt) for name, filt in (("params", TRAINABLE),
                                                                            ("rest", nnx.Not(nnx.Param)))}
         for name, target in targets.items():  # check everything before changing anything
-            restore_policy_arrays(target, state[name], f"OnlineLearner.load_state_dict: {name}", check_only=True)
+            restore_arrays(target, state[name], f"OnlineLearner.load_state_dict: {name}", check_only=True)
         for name, target in targets.items():
-            restore_policy_arrays(target, state[name], f"OnlineLearner.load_state_dict: {name}")
+            restore_arrays(target, state[name], f"OnlineLearner.load_state_dict: {name}")
             nnx.update(self.policies, target)
         self.updater.load_state_dict(state["optimizer"])
         self.buffer = PendingRewardBuffer.from_state_dict(state["buffer"], self.config.reward)

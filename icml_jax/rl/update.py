@@ -39,6 +39,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from icml_jax import parallel
 from icml_jax.agents.observation import left_pad
+from icml_jax.checkpoint.arrays import check_compatible, leaves_index
 from icml_jax.agents.policy import TRAINABLE, MemoryPolicies, planner_evaluate, trainable_group, trigger_evaluate
 from icml_jax.rl.config import PPOConfig
 from icml_jax.rl.divergence import DivergenceConfig, DivergenceMonitor, StepFigures
@@ -550,13 +551,8 @@ class JointUpdater:
         """Restores what `state_dict` returned; the leaves must match this optimizer's state one for one."""
         expected = jax.tree.leaves(self.opt_state)
         got = list(state["opt_state"])
-        bad = [i for i, (e, g) in enumerate(zip(expected, got)) if np.shape(e) != np.shape(g)]
-        if len(got) != len(expected) or bad:
-            raise ValueError(
-                f"JointUpdater.load_state_dict: optimizer state has {len(got)} arrays, expected {len(expected)}"
-                + (f"; shape mismatch at leaves {bad[:5]} (e.g. {np.shape(got[bad[0]])} vs "
-                   f"{np.shape(expected[bad[0]])})" if bad else "")
-                + " (another backbone, LoRA or head configuration?)")
+        check_compatible(leaves_index(got), leaves_index(expected), "JointUpdater.load_state_dict: optimizer state",
+                         dtypes=False)
         leaves = [jax.device_put(jnp.asarray(g, dtype=e.dtype), e.sharding) if e.is_fully_addressable
                   else parallel.place(np.asarray(g).astype(e.dtype), e.sharding) for e, g in zip(expected, got)]
         self.opt_state = jax.tree.unflatten(jax.tree.structure(self.opt_state), leaves)

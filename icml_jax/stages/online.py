@@ -46,7 +46,7 @@ def stage_online(run: Run) -> dict[str, Any]:
     from icml_jax.data.stream import EVAL_OFFSET, held_out_episodes, online_stream
     from icml_jax.llm.judges import ProxyJudge, QualityJudge
     from icml_jax.memory.store import MemoryStore
-    from icml_jax.rl.checkpoint import RunCheckpointer, load_memory_state, memory_state
+    from icml_jax.checkpoint import RunCheckpointer, load_memory_state, memory_state
     from icml_jax.rl.learner import OnlineLearner, evaluate, pooled_metrics, user_groups
 
     config, spec = run.config, run.spec
@@ -97,7 +97,7 @@ def stage_online(run: Run) -> dict[str, Any]:
             stream.set_state(state["data"])
         else:  # the warmed-up start is resume point 0; the warm-up, deferred until now, is recoverable from it
             if spec.online.init_from:
-                from icml_jax.train.checkpoint import load_warmup
+                from icml_jax.checkpoint import load_warmup
 
                 load_warmup(Path(spec.online.init_from).expanduser(), policies)
             save({"before": {}, "before_rows": []})
@@ -178,7 +178,7 @@ def own_state(state: dict[str, Any], where: Path) -> dict[str, Any]:
     processes is an error naming both."""
     import jax
 
-    from icml_jax.rl.checkpoint import CheckpointError
+    from icml_jax.checkpoint import CheckpointError
 
     saved = int(state.get("process_count", 1))
     if saved != jax.process_count():

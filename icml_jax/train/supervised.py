@@ -4,13 +4,13 @@ The Planner learns y_p with binary cross-entropy on its save logit; the Trigger 
 over {none} + candidates; both value heads regress (value_weight > 0) on the expert's discounted returns,
 computed from the labels with the online reward formulas and the learner's gamma, so PPO starts with critics
 on the right scale. Only the adapters and the four
-heads train (`WARMUP_TRAINABLE`); the backbone stays frozen. Each agent gets `epochs` passes over its own
+heads train (`checkpoint.TRAINABLE`); the backbone stays frozen. Each agent gets `epochs` passes over its own
 examples, the two agents' steps interleaved evenly and sharing one optimizer state (a shared backbone's
 adapters see both losses). Inputs go through Grain (shuffled, reshuffled per epoch, batched); every example is
 encoded once into one shape bucket per agent, so each agent's jitted step compiles once (cached across runs
 with equal settings).
 Held-out planner precision / recall / F1 and trigger accuracy are measured before and after; the trained
-state is saved with Orbax (see `icml_jax.train.checkpoint`).
+state is saved with Orbax (`icml_jax.checkpoint.policy_file`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ from icml_jax.rl.optim import guarded_apply
 from icml_jax.rl.rewards import planner_reward, planner_training_reward, trigger_reward, truth_reward
 from icml_jax.synthesis.dataset import ExpertData, load_expert_data
 from icml_jax.synthesis.examples import PlannerExample, TriggerExample, planner_examples
-from icml_jax.train.checkpoint import WARMUP_TRAINABLE, save_warmup
+from icml_jax.checkpoint import TRAINABLE, save_warmup
+from icml_jax.workdir import write_text_atomic
 
 Batch = dict[str, np.ndarray]
 
@@ -369,7 +370,7 @@ def schedule(n_planner: int, n_trigger: int, config: WarmupConfig) -> list[str]:
 
 def split_policies(policies: MemoryPolicies) -> tuple[Any, nnx.State, nnx.State, nnx.State]:
     """(graphdef, trainable params, RNG state, everything else) of the policies."""
-    return nnx.split(policies, WARMUP_TRAINABLE, nnx.RngState, ...)
+    return nnx.split(policies, TRAINABLE, nnx.RngState, ...)
 
 
 # ----------------------------------------------------------------------------------------------- evaluation
@@ -566,5 +567,5 @@ def warmup(
                                      "data": {"manifest_files": data.manifest.get("files", {}),
                                               "backend": data.manifest.get("backend")}})
         result = dataclasses.replace(result, checkpoint=str(path))
-        (path / "metrics.json").write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n")
+        write_text_atomic(path / "metrics.json", json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n")
     return result

@@ -20,7 +20,7 @@ from icml_jax.synthesis import SynthesisConfig, load_expert_data, synthesize
 from icml_jax.synthesis import default_config as synthesis_default_config
 from icml_jax.train import WarmupConfig, load_warmup, read_warmup_metadata, supervised, warmup
 from icml_jax.rl.divergence import DivergenceConfig, DivergenceError
-from icml_jax.train.checkpoint import flat_trainable
+from icml_jax.checkpoint import flat_trainable
 from tests.train.conftest import make_policies
 
 SEEDS = (0, 1, 2)
