@@ -3,7 +3,7 @@ jitted joint PPO update of both agents and the online learner (Algorithm 1)."""
 
 from icml_jax.rl.advantages import compute_advantages, discounted_returns, gae, whiten
 from icml_jax.rl.config import PPOConfig, RewardConfig
-from icml_jax.rl.divergence import DivergenceConfig, DivergenceError, DivergenceMonitor, StepFigures
+from icml_jax.rl.divergence import DivergenceConfig, DivergenceError, DivergenceMonitor, StepFigures, check_window
 from icml_jax.rl.losses import (
     approx_kl,
     clip_fraction,
@@ -20,6 +20,7 @@ from icml_jax.rl.optim import (
     CRITIC,
     FROZEN,
     GuardedStep,
+    OptimizerSettings,
     all_finite,
     guarded_apply,
     label_params,
@@ -84,6 +85,7 @@ __all__ = [
     "UNTRACKED",
     "USER_MISMATCH",
     "GuardedStep",
+    "OptimizerSettings",
     "JointUpdater",
     "LearnerConfig",
     "Minibatch",
@@ -109,6 +111,7 @@ __all__ = [
     "UserMismatchError",
     "all_finite",
     "approx_kl",
+    "check_window",
     "clip_fraction",
     "collate",
     "combine_agent_losses",

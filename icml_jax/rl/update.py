@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -42,13 +41,12 @@ from icml_jax.agents.observation import left_pad
 from icml_jax.checkpoint.arrays import check_compatible, leaves_index
 from icml_jax.agents.policy import TRAINABLE, MemoryPolicies, planner_evaluate, trainable_group, trigger_evaluate
 from icml_jax.rl.config import PPOConfig
-from icml_jax.rl.divergence import DivergenceConfig, DivergenceMonitor, StepFigures
+from icml_jax.rl.divergence import DivergenceConfig, DivergenceMonitor, check_window
 from icml_jax.rl.losses import combine_agent_losses, masked_mean, ppo_loss
 from icml_jax.rl.optim import guarded_apply, label_params, make_optimizer
 
 Array = jax.Array
 AGENTS = ("planner", "trigger")
-logger = logging.getLogger(__name__)
 DIVERGENCE_HINT = ("Lower config.rl.ppo.actor_lr / critic_lr, or set config.divergence (action='rollback' discards "
                    "a diverged update and goes on)")
 PER_STEP_ONLY = ("skipped",)  # step figures not averaged into the epoch metrics (skipped_steps counts them)
@@ -504,7 +502,8 @@ class JointUpdater:
                     if epoch == 0:
                         seen[k] = c
             self.num_steps += len(host)
-            if self._diverged(host, self.num_steps - len(host)):  # rollback: this update never happened
+            if check_window(self.monitor, [(None, m) for m in host], self.num_steps - len(host), DIVERGENCE_HINT,
+                            "the policy before this update"):  # rollback: this update never happened
                 self.opt_state, self.num_skipped = saved_opt, self._put(jnp.asarray(skipped_before, jnp.int32))
                 return UpdateResult(per_epoch, (epoch + 1) * len(host_batches), 0, shapes, {}, rolled_back=True)
             per_epoch.append({key: float(np.mean([m[key] for m in host])) for key in host[0]
@@ -522,24 +521,6 @@ class JointUpdater:
         skipped = int(parallel.to_host(self.num_skipped)) - skipped_before
         return UpdateResult(per_epoch, len(host_batches) * epochs, skipped, shapes, gap)
 
-    def _diverged(self, host: Sequence[dict[str, Any]], first_step: int) -> bool:
-        """Feeds one epoch's step figures to the monitor; warns of skipped steps; True when a rollback is due
-        (a divergence with action 'stop' raises DivergenceError)."""
-        for i, m in enumerate(host):
-            f = StepFigures(first_step + i + 1, float(m["loss"]), bool(m["skipped"]), float(m["param_norm"]),
-                            float(m["update_norm"]))
-            if f.skipped:
-                logger.warning("online PPO update: step %d skipped (non-finite loss, gradient or parameters; %d "
-                               "skipped in this run)", f.step, self.monitor.skipped + 1)
-            reason = self.monitor.observe(f)
-            if reason is not None:
-                self.monitor.diverged(f, reason, DIVERGENCE_HINT)
-                logger.warning("online PPO update diverged at step %d: %s; rolled back to the policy before this "
-                               "update (rollback %d of at most %d)", f.step, reason, self.monitor.rollbacks,
-                               self.monitor.config.max_rollbacks)
-                return True
-        return False
-
     def state_dict(self) -> dict[str, Any]:
         """Optimizer state as a flat list of host arrays (its structure comes from the live optimizer on restore, so
         a checkpointer sees plain arrays) plus the step counters; a collective when the update mesh spans
@@ -551,8 +532,8 @@ class JointUpdater:
         """Restores what `state_dict` returned; the leaves must match this optimizer's state one for one."""
         expected = jax.tree.leaves(self.opt_state)
         got = list(state["opt_state"])
-        check_compatible(leaves_index(got), leaves_index(expected), "JointUpdater.load_state_dict: optimizer state",
-                         dtypes=False)
+        check_compatible(leaves_index(got), leaves_index(expected),
+                         "JointUpdater.load_state_dict: optimizer state", dtypes=False)
         leaves = [jax.device_put(jnp.asarray(g, dtype=e.dtype), e.sharding) if e.is_fully_addressable
                   else parallel.place(np.asarray(g).astype(e.dtype), e.sharding) for e, g in zip(expected, got)]
         self.opt_state = jax.tree.unflatten(jax.tree.structure(self.opt_state), leaves)

@@ -128,8 +128,8 @@ def test_value_loss_reaches_only_the_value_heads(world_tokenizer):
     for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
         critic = "critic" in jax.tree_util.keystr(path)
         assert np.all(np.asarray(g) == (1.0 if critic else 0.0)), jax.tree_util.keystr(path)
-    labels = jax.tree.leaves(supervised._groups(params))
-    assert labels.count("critic") == 4 and labels.count("policy") == len(labels) - 4
+    labels = jax.tree.leaves(supervised.param_groups(params))
+    assert labels.count("critic") == 4 and labels.count("actor") == len(labels) - 4
 
 
 def _scores(policies, tokenizer, data_dir):
