@@ -16,7 +16,7 @@ from icml_jax.workdir import CHECKPOINT_DIR
 
 def session_rows(phase: str, sessions: Sequence[Any]) -> list[dict[str, Any]]:
     """Per-session-number rows of the per-session table (labels pooled over episodes, mean judged rewards)."""
-    from icml_jax.rl.learner import pooled_metrics
+    from icml_jax.data.labels import pooled_metrics
 
     rows = []
     for number in sorted({c.session for c in sessions}):
@@ -47,7 +47,10 @@ def stage_online(run: Run) -> dict[str, Any]:
     from icml_jax.llm.judges import ProxyJudge, QualityJudge
     from icml_jax.memory.store import MemoryStore
     from icml_jax.checkpoint import RunCheckpointer, load_memory_state, memory_state
-    from icml_jax.rl.learner import OnlineLearner, evaluate, pooled_metrics, user_groups
+    from icml_jax.data.labels import pooled_metrics
+    from icml_jax.rl.heldout import evaluate
+    from icml_jax.rl.learner import OnlineLearner
+    from icml_jax.rl.rollout import user_groups
 
     config, spec = run.config, run.spec
     policies, tokenizer = run.models()

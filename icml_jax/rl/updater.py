@@ -1,10 +1,5 @@
-"""The joint PPO update of the Planner and the Trigger: one jitted step per minibatch, several epochs.
-
-A minibatch holds `minibatch_size` turn slots; each slot carries one Planner and one Trigger decision, each
-with its own `valid` flag (a judge failure masks one agent's decision only; padding slots mask both). Token
-arrays are re-padded to the largest bucket of the slot members (extra *left* padding changes nothing: positions
-come from the mask), and a short last minibatch is filled with invalid slots, so step shapes stay on the
-observation buckets and the number of compilations is small and countable (`ppo_step._cache_size()`).
+"""The joint PPO update of the Planner and the Trigger (`JointUpdater`): the optimizer state, several epochs
+of `ppo.ppo_step` over a fixed partition of minibatches, the divergence checks and rollback.
 
 Old log-probabilities and values (`PPOConfig.old_logp`): by default ("rollout") they are the numbers recorded
 when each action was sampled, i.e. the behaviour policy's: a save whose truth reward arrived episodes later
@@ -16,320 +11,33 @@ epoch 0 each step uses `old = stop_gradient(new)` (ratio exactly 1, clip fractio
 with dropout) and later epochs feed those numbers back. The minibatch partition is fixed for the whole update.
 `rollout_logp_gap` in the metrics is the largest |epoch-0 forward - rollout| log-probability (float noise plus
 the drift of the policy within epoch 0, plus dropout when it is on).
-
-The step: `params` (the TRAINABLE state: adapters and heads), `frozen` (backbone weights, passed in, never
-closed over) and `rest` (RNG state of LoRA dropout) go in; the optimizer state is donated; a non-finite loss or
-gradient leaves parameters and optimizer state untouched and is counted (`rl.optim.guarded_apply`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from icml_jax import parallel
-from icml_jax.agents.observation import left_pad
+from icml_jax.agents.policy import TRAINABLE, MemoryPolicies
 from icml_jax.checkpoint.arrays import check_compatible, leaves_index
-from icml_jax.agents.policy import TRAINABLE, MemoryPolicies, planner_evaluate, trainable_group, trigger_evaluate
+from icml_jax.rl.batch import Minibatch, OldStats, minibatch_shape, stack, unstack
 from icml_jax.rl.config import PPOConfig
 from icml_jax.rl.divergence import DivergenceConfig, DivergenceMonitor, check_window
-from icml_jax.rl.losses import combine_agent_losses, masked_mean, ppo_loss
-from icml_jax.rl.optim import guarded_apply, label_params, make_optimizer
+from icml_jax.rl.ppo import StepSpec, joint_optimizer, ppo_step, ppo_steps, step_config
 
-Array = jax.Array
 AGENTS = ("planner", "trigger")
 DIVERGENCE_HINT = ("Lower config.rl.ppo.actor_lr / critic_lr, or set config.divergence (action='rollback' discards "
                    "a diverged update and goes on)")
 PER_STEP_ONLY = ("skipped",)  # step figures not averaged into the epoch metrics (skipped_steps counts them)
-
-
-class PlannerBatch(NamedTuple):
-    """Planner rows of a minibatch: observation tokens/mask [M, L], action (1 = save), targets, validity."""
-
-    tokens: Array  # [M, L] int32
-    mask: Array  # [M, L] bool
-    actions: Array  # [M] int32
-    advantages: Array  # [M] float32
-    returns: Array  # [M] float32
-    valid: Array  # [M] bool
-
-
-class TriggerBatch(NamedTuple):
-    """Trigger rows of a minibatch: option tokens/mask [M, C, L], cand_mask [M, C], chosen option, targets."""
-
-    tokens: Array  # [M, C, L] int32
-    mask: Array  # [M, C, L] bool
-    cand_mask: Array  # [M, C] bool
-    actions: Array  # [M] int32
-    advantages: Array  # [M] float32
-    returns: Array  # [M] float32
-    valid: Array  # [M] bool
-
-
-class Minibatch(NamedTuple):
-    """One joint minibatch: M slots of (Planner decision, Trigger decision)."""
-
-    planner: PlannerBatch
-    trigger: TriggerBatch
-
-
-class OldStats(NamedTuple):
-    """Log-probabilities and values of the taken actions under the anchoring policy, per agent, [M] each."""
-
-    planner_logp: Array
-    planner_value: Array
-    trigger_logp: Array
-    trigger_value: Array
-
-    @staticmethod
-    def zeros(size: int) -> OldStats:
-        """Placeholders for epoch 0 (where the step computes the real ones), on device like the step's outputs."""
-        z = jnp.zeros((size,), jnp.float32)
-        return OldStats(z, z, z, z)
-
-
-@dataclasses.dataclass(frozen=True)
-class StepSpec:
-    """Static description of the step (hashable): the train-mode graph of the policies and the PPO settings.
-
-    Equal specs (same architecture, same config) share compiled programs, e.g. across seeds in one process.
-    """
-
-    graphdef: Any  # nnx.GraphDef of MemoryPolicies in train mode (LoRA dropout on)
-    config: PPOConfig
-
-
-def step_config(config: PPOConfig) -> PPOConfig:
-    """The config with the fields the step never reads (GAE, whitening, epochs, minibatch size, where the old
-    statistics come from, dropout: the graph carries it) at their defaults, so that runs differing only in those
-    share one compiled step."""
-    d = PPOConfig()
-    return dataclasses.replace(config, gamma=d.gamma, gae_lambda=d.gae_lambda, whiten=d.whiten, epochs=1,
-                               minibatch_size=1, old_logp=d.old_logp, update_dropout=d.update_dropout)
-
-
-@functools.lru_cache(maxsize=None)
-def joint_optimizer(config: PPOConfig) -> optax.GradientTransformation:
-    """The optimizer of the TRAINABLE state: actor lr for adapters and policy heads, critic lr for value heads.
-
-    Cached per config so that equal configs give the identical transformation (and one compiled step).
-    """
-    return make_optimizer(config, lambda params: label_params(params, trainable_group))
-
-
-def joint_loss(
-    policies: MemoryPolicies, batch: Minibatch, old: OldStats, first_epoch: Array, config: PPOConfig
-) -> tuple[Array, tuple[dict[str, Array], OldStats]]:
-    """Planner + Trigger PPO loss of one minibatch, its metrics, and this forward's statistics (stop-gradient).
-
-    With `first_epoch` true the old statistics are the (stop-gradient) new ones, so the ratio is exactly 1.
-    """
-    p, t = batch.planner, batch.trigger
-    ps = planner_evaluate(policies, p.tokens, p.mask, p.actions)
-    ts = trigger_evaluate(policies, t.tokens, t.mask, t.cand_mask, t.actions)
-    sg = jax.lax.stop_gradient
-    pick = lambda new, given: jnp.where(first_epoch, sg(new), given)  # noqa: E731
-    anchor = OldStats(pick(ps.logp, old.planner_logp), pick(ps.value, old.planner_value),
-                      pick(ts.logp, old.trigger_logp), pick(ts.value, old.trigger_value))
-    current = OldStats(sg(ps.logp), sg(ps.value), sg(ts.logp), sg(ts.value))
-    per_agent = {
-        "planner": ppo_loss(ps.logp, anchor.planner_logp, p.advantages, p.returns, ps.value, anchor.planner_value,
-                            ps.entropy, p.valid, config),
-        "trigger": ppo_loss(ts.logp, anchor.trigger_logp, t.advantages, t.returns, ts.value, anchor.trigger_value,
-                            ts.entropy, t.valid, config),
-    }
-    loss, metrics = combine_agent_losses(per_agent)
-    for agent, new_logp, old_logp, valid in (("planner", ps.logp, anchor.planner_logp, p.valid),
-                                             ("trigger", ts.logp, anchor.trigger_logp, t.valid)):
-        dev = jnp.where(valid, jnp.abs(jnp.exp(sg(new_logp) - old_logp) - 1.0), 0.0)
-        metrics[f"{agent}/ratio_max_dev"] = jnp.max(dev)
-    metrics["trigger/memory_prob"] = masked_mean(1.0 - sg(ts.probs[:, 0]), t.valid)  # p(use some memory)
-    metrics["planner/save_prob"] = masked_mean(sg(ps.probs), p.valid)
-    return loss, (metrics, current)
-
-
-@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("opt_state",))
-def ppo_step(
-    spec: StepSpec,
-    params: nnx.State,
-    frozen: nnx.State,
-    rest: nnx.State,
-    opt_state: optax.OptState,
-    num_skipped: Array,
-    batch: Minibatch,
-    old: OldStats,
-    first_epoch: Array,
-) -> tuple[nnx.State, optax.OptState, nnx.State, Array, OldStats, dict[str, Array]]:
-    """One guarded optimizer step on one minibatch; returns (params, opt_state, rest, num_skipped, current,
-    metrics), `current` being this forward's log-probabilities and values of the taken actions."""
-
-    def loss_fn(trainable):
-        # Fresh Variables for the RNG state at this trace level: LoRA dropout advances its counter in place,
-        # and flax forbids mutating a Variable created at the outer (jit) level from inside the grad trace.
-        local_rest = jax.tree.map(lambda x: x, rest)
-        model = nnx.merge(spec.graphdef, trainable, frozen, local_rest)
-        loss, (metrics, current) = joint_loss(model, batch, old, first_epoch, spec.config)
-        return loss, (metrics, current, nnx.state(model, nnx.Not(nnx.Param)))
-
-    (loss, (metrics, current, new_rest)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    step = guarded_apply(joint_optimizer(spec.config), loss, grads, params, opt_state, num_skipped)
-    metrics = dict(metrics, grad_norm=optax.tree.norm(grads), param_norm=step.param_norm,
-                   update_norm=step.update_norm, skipped=step.skipped.astype(jnp.float32))
-    return step.params, step.opt_state, new_rest, step.num_skipped, current, metrics
-
-
 STEPS_PER_CALL = 8  # minibatches of one shape that `ppo_steps` trains on in one dispatch
-
-
-@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("opt_state",))
-def ppo_steps(
-    spec: StepSpec,
-    params: nnx.State,
-    frozen: nnx.State,
-    rest: nnx.State,
-    opt_state: optax.OptState,
-    num_skipped: Array,
-    batches: Minibatch,
-    olds: OldStats,
-    first_epoch: Array,
-) -> tuple[nnx.State, optax.OptState, nnx.State, Array, OldStats, dict[str, Array]]:
-    """`ppo_step` on each minibatch of `batches` / `olds` (stacked on a leading axis) in turn, under one
-    `lax.scan`: the same steps in one dispatch instead of one each (small steps are dispatch-bound); `current`
-    and `metrics` come back stacked per step."""
-
-    def body(carry, xs):
-        params, opt_state, rest, num_skipped = carry
-        batch, old = xs
-        params, opt_state, rest, num_skipped, current, metrics = ppo_step(  # inlined into this program
-            spec, params, frozen, rest, opt_state, num_skipped, batch, old, first_epoch)
-        return (params, opt_state, rest, num_skipped), (current, metrics)
-
-    (params, opt_state, rest, num_skipped), (current, metrics) = jax.lax.scan(
-        body, (params, opt_state, rest, num_skipped), (batches, olds))
-    return params, opt_state, rest, num_skipped, current, metrics
-
-
-def _stack(trees: Sequence[Any]) -> Any:
-    """Host pytrees (NumPy leaves) stacked on a new leading axis."""
-    return jax.tree.map(lambda *xs: np.stack(xs), *trees)
-
-
-def _unstack(tree: Any, n: int) -> list[Any]:
-    """The inverse of `_stack` on host data: n pytrees."""
-    return [jax.tree.map(lambda x: x[i], tree) for i in range(n)]
-
-
-# ----------------------------------------------------------------------------------------------- host side
-
-
-@dataclasses.dataclass(frozen=True)
-class PlannerItem:
-    """One Planner decision ready for training (arrays exactly as scored in the rollout)."""
-
-    tokens: np.ndarray  # [L]
-    mask: np.ndarray  # [L]
-    action: int
-    advantage: float
-    ret: float
-    rollout_logp: float  # log-probability of `action` when it was sampled (the behaviour policy)
-    rollout_value: float = 0.0  # the value head's estimate then
-
-
-@dataclasses.dataclass(frozen=True)
-class TriggerItem:
-    """One Trigger decision ready for training."""
-
-    tokens: np.ndarray  # [C, L]
-    mask: np.ndarray  # [C, L]
-    cand_mask: np.ndarray  # [C]
-    action: int
-    advantage: float
-    ret: float
-    rollout_logp: float
-    rollout_value: float = 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Slot:
-    """One turn slot of a joint minibatch; either decision may be absent (masked out)."""
-
-    planner: PlannerItem | None
-    trigger: TriggerItem | None
-
-
-def _dummy_row(shape: tuple[int, ...], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens/mask of an invalid row: one real (pad) token at the end, so every computation stays finite."""
-    tokens = np.full(shape, pad_id, np.int32)
-    mask = np.zeros(shape, bool)
-    mask[..., -1] = True
-    return tokens, mask
-
-
-def collate(slots: Sequence[Slot], size: int, pad_id: int = 0) -> Minibatch:
-    """Stacks up to `size` slots into one Minibatch, re-padding to the largest member bucket; short = invalid rows."""
-    if not 0 < len(slots) <= size:
-        raise ValueError(f"collate: need 1..{size} slots, got {len(slots)}")
-    p_items = [s.planner for s in slots if s.planner is not None]
-    t_items = [s.trigger for s in slots if s.trigger is not None]
-    lp = max((it.tokens.shape[-1] for it in p_items), default=1)
-    ct = max((it.tokens.shape[0] for it in t_items), default=1)
-    lt = max((it.tokens.shape[-1] for it in t_items), default=1)
-
-    p_tok, p_mask = _dummy_row((size, lp), pad_id)
-    p_act, p_adv, p_ret = np.zeros(size, np.int32), np.zeros(size, np.float32), np.zeros(size, np.float32)
-    p_valid = np.zeros(size, bool)
-    t_tok, t_mask = _dummy_row((size, ct, lt), pad_id)
-    t_cand = np.zeros((size, ct), bool)
-    t_cand[:, 0] = True
-    t_act, t_adv, t_ret = np.zeros(size, np.int32), np.zeros(size, np.float32), np.zeros(size, np.float32)
-    t_valid = np.zeros(size, bool)
-    for i, slot in enumerate(slots):
-        if (it := slot.planner) is not None:
-            p_tok[i] = left_pad(it.tokens, lp, pad_id)
-            p_mask[i] = left_pad(it.mask, lp, False)
-            p_act[i], p_adv[i], p_ret[i], p_valid[i] = it.action, it.advantage, it.ret, True
-        if (it := slot.trigger) is not None:
-            c = it.tokens.shape[0]
-            t_tok[i, :c] = left_pad(it.tokens, lt, pad_id)
-            t_mask[i, :c] = left_pad(it.mask, lt, False)
-            t_cand[i] = False
-            t_cand[i, :c] = it.cand_mask
-            t_act[i], t_adv[i], t_ret[i], t_valid[i] = it.action, it.advantage, it.ret, True
-    return Minibatch(PlannerBatch(p_tok, p_mask, p_act, p_adv, p_ret, p_valid),
-                     TriggerBatch(t_tok, t_mask, t_cand, t_act, t_adv, t_ret, t_valid))
-
-
-def rollout_stats(slots: Sequence[Slot], size: int) -> OldStats:
-    """The behaviour policy's log-probabilities and values of `slots`' decisions, rows as `collate` lays them out
-    (0 for absent decisions and padding rows, which the step masks out)."""
-    if not 0 < len(slots) <= size:
-        raise ValueError(f"rollout_stats: need 1..{size} slots, got {len(slots)}")
-    out = [np.zeros(size, np.float32) for _ in range(4)]
-    for i, slot in enumerate(slots):
-        for j, item in ((0, slot.planner), (2, slot.trigger)):
-            if item is not None:
-                out[j][i], out[j + 1][i] = item.rollout_logp, item.rollout_value
-    return OldStats(*out)
-
-
-def minibatch_shape(batch: Minibatch) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The shapes that decide which compiled step runs: (planner tokens, trigger tokens)."""
-    return tuple(batch.planner.tokens.shape), tuple(batch.trigger.tokens.shape)
-
-
-def partition(slots: Sequence[Slot], size: int, rng: np.random.Generator) -> list[list[Slot]]:
-    """Shuffles the slots once and cuts them into groups of `size` (the partition every epoch of an update reuses)."""
-    order = rng.permutation(len(slots))
-    return [[slots[j] for j in order[i: i + size]] for i in range(0, len(slots), size)]
 
 
 @dataclasses.dataclass
@@ -481,8 +189,8 @@ class JointUpdater:
             cut = len(order) - len(order) % chunk if chunk else 0
             for start in range(0, cut, chunk or 1):
                 ks = order[start: start + chunk]
-                batch = self._rows(_stack([host_batches[k] for k in ks]), stacked=True)
-                old = self._put(_stack([jax.tree.map(np.asarray, zeros) if first else olds[k] for k in ks]))
+                batch = self._rows(stack([host_batches[k] for k in ks]), stacked=True)
+                old = self._put(stack([jax.tree.map(np.asarray, zeros) if first else olds[k] for k in ks]))
                 params, self.opt_state, rest, self.num_skipped, current, metrics = ppo_steps(
                     self.spec, params, frozen, rest, self.opt_state, self.num_skipped, batch, old, self._flag(first))
                 outputs.append((ks, current, metrics, True))
@@ -494,8 +202,8 @@ class JointUpdater:
                 outputs.append(([k], current, metrics, False))
             host = []
             for ks, current, metrics, stacked in parallel.to_host(outputs):  # one transfer per epoch
-                currents = _unstack(current, len(ks)) if stacked else [current]
-                host += _unstack(metrics, len(ks)) if stacked else [metrics]
+                currents = unstack(current, len(ks)) if stacked else [current]
+                host += unstack(metrics, len(ks)) if stacked else [metrics]
                 for k, c in zip(ks, currents, strict=True):
                     if first:
                         olds[k] = c
