@@ -89,7 +89,7 @@ ignoring_closed_event_loops = cli.ignoring_closed_event_loops  # (defined with t
 
 def find_checkpoint(workdir: Path) -> tuple[Path, str]:
     """(checkpoint dir, note): the final policy, else the warm-up checkpoint with a note saying so."""
-    from icml_jax.train.checkpoint import META_FILE
+    from icml_jax.checkpoint import META_FILE
 
     policy, warm = workdir / POLICY_DIR, workdir / WARMUP_DIR
     if (policy / META_FILE).is_file():
@@ -135,7 +135,7 @@ def load_model(workdir: str | Path) -> ChatModel:
     from icml_jax.llm.registry import make_backend
     from icml_jax.llm.types import MissingAPIKeyError
     from icml_jax.runspec import RunSpec
-    from icml_jax.train.checkpoint import load_warmup
+    from icml_jax.checkpoint import load_warmup
 
     workdir = Path(workdir).expanduser().absolute()
     config = load_run_config(workdir)

@@ -48,7 +48,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     the message alone: the CLIs print them as one line and exit with status 2; anything else is a bug."""
     from icml_jax.llm.types import BackendError, MissingAPIKeyError
     from icml_jax.memory.store import MemoryStoreError
-    from icml_jax.rl.checkpoint import CheckpointError
+    from icml_jax.checkpoint import CheckpointError
     from icml_jax.rl.divergence import DivergenceError
 
     return (ConfigError, CheckpointError, DivergenceError, BackendError, MissingAPIKeyError, MemoryStoreError,

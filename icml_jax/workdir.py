@@ -68,7 +68,7 @@ def resume_point(root: Path, progress: dict[str, Any], stages: Sequence[str]) ->
     done = progress["done"]
     point = ResumePoint(int(progress["metrics_bytes"]), {s: 0 for s in stages if s not in done})
     if "online" in stages and "online" not in done and (root / CHECKPOINT_DIR).is_dir():
-        from icml_jax.rl.checkpoint import RunCheckpointer
+        from icml_jax.checkpoint import RunCheckpointer
 
         with RunCheckpointer(root / CHECKPOINT_DIR) as ckpt:
             point.checkpoint, point.skipped = ckpt.restore_newest(), ckpt.skipped

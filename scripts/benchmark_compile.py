@@ -50,7 +50,9 @@ def measure(num_layers: int, functions: list[str], repeats: int, length: int, op
     from icml_jax.agents.policy import MemoryPolicies, planner_act, trigger_act
     from icml_jax.models.decoder import Decoder
     from icml_jax.models.lora import LoraConfig, apply_lora
-    from icml_jax.rl import update as rl_update
+    from icml_jax.rl import batch as rl_batch
+    from icml_jax.rl import ppo as rl_ppo
+    from icml_jax.rl import updater as rl_updater
     from icml_jax.rl.config import PPOConfig
     from icml_jax.train import supervised as sup
 
@@ -83,14 +85,14 @@ def measure(num_layers: int, functions: list[str], repeats: int, length: int, op
                         "value_target": spec((batch,), f32)}
             return step.lower(graphdef, trainable, rng_state, opt_state, frozen, data, jnp.zeros((), i32))
         if name == "ppo_step":
-            updater = rl_update.JointUpdater(policies, PPOConfig(minibatch_size=batch))
+            updater = rl_updater.JointUpdater(policies, PPOConfig(minibatch_size=batch))
             params, frozen, rest = updater.split()
             vec = lambda dtype: spec((batch,), dtype)  # noqa: E731
-            p = rl_update.PlannerBatch(*planner_rows(batch), vec(i32), vec(f32), vec(f32), vec(bool))
-            t = rl_update.TriggerBatch(*trigger_rows(batch), vec(i32), vec(f32), vec(f32), vec(bool))
-            old = rl_update.OldStats(*(vec(f32),) * 4)
-            return rl_update.ppo_step.lower(updater.spec, params, frozen, rest, updater.opt_state,
-                                            updater.num_skipped, rl_update.Minibatch(p, t), old, jnp.asarray(True))
+            p = rl_batch.PlannerBatch(*planner_rows(batch), vec(i32), vec(f32), vec(f32), vec(bool))
+            t = rl_batch.TriggerBatch(*trigger_rows(batch), vec(i32), vec(f32), vec(f32), vec(bool))
+            old = rl_batch.OldStats(*(vec(f32),) * 4)
+            return rl_ppo.ppo_step.lower(updater.spec, params, frozen, rest, updater.opt_state,
+                                            updater.num_skipped, rl_batch.Minibatch(p, t), old, jnp.asarray(True))
         graphdef, state = nnx.split(policies)
         key = jax.random.key(0)
         if name == "planner_act":

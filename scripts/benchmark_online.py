@@ -67,7 +67,7 @@ def worker(backbone: str, users: int, episodes: int, sessions: int | None, epoch
     import jax
 
     from icml_jax.data.persona_world import generate_episodes
-    from icml_jax.rl.learner import user_groups
+    from icml_jax.rl.rollout import user_groups
 
     compiles = [0]
     jax.monitoring.register_event_duration_secs_listener(

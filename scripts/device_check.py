@@ -150,7 +150,9 @@ def ppo_row(name: str, hf: dict, sizes: Sizes, dtype, peak: float) -> None:
     """One PPO update (1 epoch over one minibatch of `sizes.slots` turn slots: Planner rows [slots, length],
     Trigger rows [slots, candidates, length]) and its model FLOP utilisation."""
     from icml_jax.rl.config import PPOConfig
-    from icml_jax.rl.update import JointUpdater, PlannerItem, Slot, TriggerItem, collate, rollout_stats
+    from icml_jax.rl.batch import collate, rollout_stats
+    from icml_jax.rl.trajectory import PlannerItem, Slot, TriggerItem
+    from icml_jax.rl.updater import JointUpdater
 
     policies = policies_on(hf, dtype)
     config = ModelConfig.from_hf(hf)

@@ -90,7 +90,7 @@ def decision_flops(_graphdef, _state, tokens, *_rest) -> float:
 def ppo_flops(*args) -> float:
     """Model FLOPs of forward + backward over one (or a stack of) joint minibatches."""
     from icml_jax.models.flops import train_flops
-    from icml_jax.rl.update import Minibatch
+    from icml_jax.rl.batch import Minibatch
 
     batches = next(a for a in args if isinstance(a, Minibatch))
     total = 0.0
@@ -118,7 +118,7 @@ def instrument() -> None:
     import icml_jax.agents.agent as agent_mod
     import icml_jax.agents.observation as obs
     import icml_jax.rl.learner as learner_mod
-    import icml_jax.rl.update as update_mod
+    import icml_jax.rl.updater as updater_mod
     from icml_jax.llm.judges import ProxyJudge, QualityJudge
     from icml_jax.memory.store import MemoryStore
 
@@ -135,10 +135,10 @@ def instrument() -> None:
     timed(ProxyJudge, "judge", "judges (offline)")
     timed(QualityJudge, "judge", "judges (offline)")
     timed(learner_mod, "decision_keys", "decision keys")
-    timed(update_mod, "ppo_step", "PPO minibatch step (device)", flops=ppo_flops)
-    timed(update_mod, "ppo_steps", "PPO minibatch step (device)", flops=ppo_flops)
-    timed(update_mod, "collate", "update: collate minibatches (host)")
-    timed(update_mod, "rollout_stats", "update: collate minibatches (host)")
+    timed(updater_mod, "ppo_step", "PPO minibatch step (device)", flops=ppo_flops)
+    timed(updater_mod, "ppo_steps", "PPO minibatch step (device)", flops=ppo_flops)
+    timed(learner_mod, "collate", "update: collate minibatches (host)")
+    timed(learner_mod, "rollout_stats", "update: collate minibatches (host)")
 
 
 def report(title: str, wall: float, count: int, peak: float) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path  # noqa: E402
 
 from icml_jax import main  # noqa: E402
 from icml_jax.configlib import load_config  # noqa: E402
-from icml_jax.rl import checkpoint  # noqa: E402
+from icml_jax import checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # 4 episodes in updates of 2 (2 users in flight in one process, 1 on each of 2), a checkpoint after each update

@@ -14,7 +14,7 @@ import sys
 from absl import app
 
 from icml_jax import main
-from icml_jax.rl import checkpoint
+from icml_jax import checkpoint
 
 KILL_AT_SAVE = int(os.environ.get("KILL_AT_SAVE", "0"))
 _saves = 0

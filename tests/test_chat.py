@@ -32,7 +32,7 @@ from icml_jax.agents.policy import _features
 from icml_jax.builders import build_models
 from icml_jax.memory import MemoryStore
 from icml_jax.textcheck import TextError, TextLimits
-from icml_jax.train.checkpoint import save_warmup
+from icml_jax.checkpoint import save_warmup
 from tests.memory import store_workers
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ import pytest
 
 from icml_jax import erasure
 from icml_jax.memory import MemoryStore, NewFragment
-from icml_jax.rl.checkpoint import RunCheckpointer, load_memory_state, memory_state
+from icml_jax.checkpoint import RunCheckpointer, load_memory_state, memory_state
 from icml_jax.rl.pending import PendingRewardBuffer
 
 CANARY = "canary-7f3a-Quixotic-Zebra"

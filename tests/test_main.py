@@ -38,15 +38,15 @@ def read_metrics(workdir: Path) -> list[dict]:
 
 
 def test_demo_runs_end_to_end(tmp_path, monkeypatch):
-    from icml_jax.rl import learner
+    from icml_jax.rl import heldout
 
-    seen_configs, real_evaluate = [], learner.evaluate
+    seen_configs, real_evaluate = [], heldout.evaluate
 
     def spy(*args, agent_config=None, **kw):
         seen_configs.append(agent_config)
         return real_evaluate(*args, agent_config=agent_config, **kw)
 
-    monkeypatch.setattr(learner, "evaluate", spy)
+    monkeypatch.setattr(heldout, "evaluate", spy)
     config = tiny_demo()
     config.learner.reply_max_tokens, config.learner.note_max_tokens, config.learner.reply_temperature = 40, 24, 0.5
     out = io.StringIO()
@@ -98,7 +98,7 @@ def test_demo_runs_end_to_end(tmp_path, monkeypatch):
 
     # issue 18: forgetting a user of this real run leaves none of their memories in any file of the workdir
     from icml_jax import erasure
-    from icml_jax.rl.checkpoint import RunCheckpointer
+    from icml_jax.checkpoint import RunCheckpointer
 
     with RunCheckpointer(tmp_path / layout.CHECKPOINT_DIR) as ckpt:
         memory = ckpt.restore_state()[1]["memory"]
@@ -434,14 +434,14 @@ def test_gc_config_learns_online_on_built_gapchat_data(tmp_path):
 def test_crashes_in_the_evaluations_resume_to_the_same_run(tmp_path, monkeypatch):
     """A crash in the held-out evaluation before learning, then in the one after it (past the final checkpoint):
     each restart picks up where it should and the metrics end as an uninterrupted run's."""
-    from icml_jax.rl import learner
+    from icml_jax.rl import heldout
 
     def strip(rows):
         return [{k: v for k, v in r.items() if not any(t in k for t in ("time", "seconds", "wall"))} for r in rows]
 
     job.run(tiny_demo(), tmp_path / "reference", out=io.StringIO())
     reference = strip(read_metrics(tmp_path / "reference"))
-    real = learner.evaluate
+    real = heldout.evaluate
     for crash_at in (1, 2):  # the evaluate call that fails: 1 = before learning, 2 = after it
         calls = []
 
@@ -451,10 +451,10 @@ def test_crashes_in_the_evaluations_resume_to_the_same_run(tmp_path, monkeypatch
                 raise RuntimeError("simulated crash")
             return real(*args, **kw)
 
-        monkeypatch.setattr(learner, "evaluate", flaky)
+        monkeypatch.setattr(heldout, "evaluate", flaky)
         with pytest.raises(RuntimeError, match="simulated crash"):
             job.run(tiny_demo(), tmp_path / "crashed", out=io.StringIO())
-    monkeypatch.setattr(learner, "evaluate", real)
+    monkeypatch.setattr(heldout, "evaluate", real)
     progress = json.loads((tmp_path / "crashed" / layout.PROGRESS_FILE).read_text())
     assert set(progress["done"]) == {"synthesize", "warmup"} and not progress["finished"]
     out = io.StringIO()

@@ -26,10 +26,10 @@ from icml_jax import parallel
 from icml_jax import workdir as layout
 from icml_jax.builders import build_models
 from icml_jax.configlib import load_config
-from icml_jax.rl.checkpoint import CheckpointError, RunCheckpointer
+from icml_jax.checkpoint import CheckpointError, RunCheckpointer
 from icml_jax.runlog import METRICS_FILE
 from icml_jax.stages.online import own_state
-from icml_jax.train.checkpoint import save_warmup
+from icml_jax.checkpoint import save_warmup
 from icml_jax.validation import check_processes
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ import orbax.checkpoint as ocp
 
 from icml_jax import workdir as layout
 from icml_jax.runlog import METRICS_FILE
-from icml_jax.rl.checkpoint import RunCheckpointer
+from icml_jax.checkpoint import RunCheckpointer
 
 ROOT = Path(__file__).resolve().parents[1]
 # 8 online episodes, a checkpoint every 2 (kept: 2), a small synthesis; everything else is configs/demo.py.

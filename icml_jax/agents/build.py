@@ -12,10 +12,9 @@ from jax.sharding import Mesh
 from ml_collections.config_dict import placeholder
 
 from icml_jax import parallel
-from icml_jax.agents.policy import MemoryPolicies
+from icml_jax.agents.policy import HEADS, MemoryPolicies
 from icml_jax.models.loading import from_pretrained
 from icml_jax.models.lora import LoraConfig, apply_lora
-from icml_jax.train.checkpoint import HEADS
 
 
 def default_config() -> ml_collections.ConfigDict:

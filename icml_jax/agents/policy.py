@@ -31,6 +31,7 @@ from icml_jax.models.lora import TRAINABLE, TrainableParam
 
 Array = jax.Array
 NEG = -1e30  # score of padded candidates (finite, so masked rows never produce NaN)
+HEADS: tuple[str, ...] = ("planner_actor", "planner_critic", "trigger_actor", "trigger_critic", "trigger_match")
 CRITIC_HEADS = ("planner_critic", "trigger_critic")  # value heads: the critic learning rate
 # TRAINABLE (re-exported from models.lora) = LoRA adapters + TrainableParams: what the PPO update trains.
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from icml_jax.data.protocol import Target, final_session_targets
 from icml_jax.data.schema import Episode
-from icml_jax.rl.learner import SessionCounts, memory_label, session_counts
+from icml_jax.data.labels import SessionCounts, memory_label, session_counts
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ import numpy as np
 
 from icml_jax.evaluation.metrics import JUDGE_DIMENSIONS, bleu4, rouge_l, rouge_l_per_target
 from icml_jax.evaluation.protocol import EpisodeResult
-from icml_jax.rl.learner import SessionCounts, pooled_metrics
+from icml_jax.data.labels import SessionCounts, pooled_metrics
 
 RESULTS_JSON, RESULTS_MD, TARGETS_JSONL, EFFICIENCY_PNG = "results.json", "results.md", "targets.jsonl", \
     "efficiency.png"

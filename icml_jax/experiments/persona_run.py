@@ -32,8 +32,10 @@ from icml_jax.memory.store import MemoryStore
 from icml_jax.models.decoder import Decoder
 from icml_jax.models.lora import LoraConfig, apply_lora
 from icml_jax.rl.config import PPOConfig, RewardConfig
-from icml_jax.rl.learner import (LearnerConfig, OnlineLearner, SessionCounts, evaluate, pooled_metrics,
-                                 user_groups)
+from icml_jax.data.labels import SessionCounts, pooled_metrics
+from icml_jax.rl.heldout import evaluate
+from icml_jax.rl.learner import LearnerConfig, OnlineLearner
+from icml_jax.rl.rollout import user_groups
 
 EVAL_OFFSET = 1_000_000  # held-out episodes are generated from this index on
 

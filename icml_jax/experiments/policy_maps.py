@@ -58,7 +58,7 @@ def play_maps(config: ml_collections.ConfigDict, workdir: Path, checkpoint: Path
     from icml_jax.memory.fragment import NewFragment
     from icml_jax.memory.store import MemoryStore
     from icml_jax.runspec import RunSpec
-    from icml_jax.train.checkpoint import load_warmup
+    from icml_jax.checkpoint import load_warmup
 
     spec = RunSpec.from_config(config)
     policies, tokenizer = build_models(config, workdir, spec)

@@ -1,9 +1,11 @@
-"""Rewards, the Pending Reward Buffer, GAE and PPO losses as pure functions, the joint optimizer factory, the
-jitted joint PPO update of both agents and the online learner (Algorithm 1)."""
+"""Rewards, the Pending Reward Buffer, GAE and PPO losses as pure functions, the trainer core (optimizer factory,
+divergence checks) and, in the order data flows, the online learner's parts: rollout (lockstep play, decision
+keys) -> trajectory (records -> slots) -> batch (minibatches) -> ppo (the jitted step) -> updater
+(JointUpdater) -> learner (OnlineLearner, Algorithm 1); heldout: the held-out evaluation."""
 
 from icml_jax.rl.advantages import compute_advantages, discounted_returns, gae, whiten
 from icml_jax.rl.config import PPOConfig, RewardConfig
-from icml_jax.rl.divergence import DivergenceConfig, DivergenceError, DivergenceMonitor, StepFigures
+from icml_jax.rl.divergence import DivergenceConfig, DivergenceError, DivergenceMonitor, StepFigures, check_window
 from icml_jax.rl.losses import (
     approx_kl,
     clip_fraction,
@@ -20,6 +22,7 @@ from icml_jax.rl.optim import (
     CRITIC,
     FROZEN,
     GuardedStep,
+    OptimizerSettings,
     all_finite,
     guarded_apply,
     label_params,
@@ -37,14 +40,9 @@ from icml_jax.rl.pending import (
     SaveReward,
     UserMismatchError,
 )
-from icml_jax.rl.learner import (
-    LearnerConfig,
-    OnlineLearner,
-    SessionCounts,
-    evaluate,
-    pooled_metrics,
-    session_counts,
-)
+from icml_jax.data.labels import SessionCounts, pooled_metrics, session_counts
+from icml_jax.rl.heldout import evaluate
+from icml_jax.rl.learner import LearnerConfig, OnlineLearner
 from icml_jax.rl.rewards import (
     miss_penalty,
     normalize_planner_reward,
@@ -55,27 +53,19 @@ from icml_jax.rl.rewards import (
     trigger_reward,
     truth_reward,
 )
-from icml_jax.rl.update import (
-    JointUpdater,
-    Minibatch,
-    OldStats,
-    PlannerBatch,
-    PlannerItem,
-    Slot,
-    StepSpec,
-    TriggerBatch,
-    TriggerItem,
-    UpdateResult,
-    collate,
-    joint_loss,
-    joint_optimizer,
-    partition,
-    ppo_step,
-    rollout_stats,
-    step_config,
-)
+from icml_jax.rl.batch import Minibatch, OldStats, PlannerBatch, TriggerBatch, collate, partition, rollout_stats
+from icml_jax.rl.ppo import StepSpec, joint_loss, joint_optimizer, ppo_step, step_config
+from icml_jax.rl.rollout import agent_turns, decision_keys, lockstep, user_groups
+from icml_jax.rl.trajectory import PlannerItem, Slot, TriggerItem, TurnRecord, build_slots
+from icml_jax.rl.updater import JointUpdater, UpdateResult
 
 __all__ = [
+    "TurnRecord",
+    "agent_turns",
+    "build_slots",
+    "decision_keys",
+    "lockstep",
+    "user_groups",
     "ACTOR",
     "ASSIGNED",
     "CRITIC",
@@ -84,6 +74,7 @@ __all__ = [
     "UNTRACKED",
     "USER_MISMATCH",
     "GuardedStep",
+    "OptimizerSettings",
     "JointUpdater",
     "LearnerConfig",
     "Minibatch",
@@ -109,6 +100,7 @@ __all__ = [
     "UserMismatchError",
     "all_finite",
     "approx_kl",
+    "check_window",
     "clip_fraction",
     "collate",
     "combine_agent_losses",

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 ACTIONS = ("stop", "rollback")
+logger = logging.getLogger(__name__)
 
 
 class DivergenceError(RuntimeError):
@@ -132,3 +134,25 @@ class DivergenceMonitor:
         self.rollbacks = int(state["rollbacks"])
         self._losses.clear()
         self._losses.extend(float(x) for x in state["losses"])
+
+
+def check_window(monitor: DivergenceMonitor, steps: Sequence[tuple[str | None, Mapping[str, Any]]], first_step: int,
+                 hint: str, rolled_back_to: str) -> bool:
+    """Feeds a window of steps (agent or None, host metrics with loss / skipped / param_norm / update_norm) to the
+    monitor, warning of skipped steps as they are read; True when the window diverged and is to be rolled back
+    (with action 'stop' a DivergenceError is raised). The one check of the warm-up's and the PPO update's loops;
+    `rolled_back_to` says in the warning what a rollback restores."""
+    for k, (agent, m) in enumerate(steps):
+        f = StepFigures(first_step + k + 1, float(m["loss"]), bool(m["skipped"]), float(m["param_norm"]),
+                        float(m["update_norm"]))
+        tag = f" ({agent})" if agent else ""
+        if f.skipped:
+            logger.warning("%s: step %d%s skipped: non-finite loss, gradient or parameters (%d skipped so far)",
+                           monitor.stage, f.step, tag, monitor.skipped + 1)
+        reason = monitor.observe(f)
+        if reason is not None:
+            monitor.diverged(f, f"{reason} ({agent} step)" if agent else reason, hint)
+            logger.warning("%s diverged at step %d: %s; rolled back to %s (rollback %d of at most %d)", monitor.stage,
+                           f.step, reason, rolled_back_to, monitor.rollbacks, monitor.config.max_rollbacks)
+            return True
+    return False

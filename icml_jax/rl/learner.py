@@ -19,7 +19,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -31,20 +31,20 @@ from jax.sharding import Mesh
 from icml_jax import parallel
 from icml_jax.agents.agent import AgentConfig, MemoryAgent, Receipt, TurnInput
 from icml_jax.agents.policy import TRAINABLE, MemoryPolicies
+from icml_jax.checkpoint import flat_arrays, restore_arrays
+from icml_jax.data.labels import SessionCounts, memory_label, pooled_metrics, session_counts
 from icml_jax.data.schema import Episode
 from icml_jax.llm.judges import ProxyInput, ProxyJudge, QualityInput, QualityJudge
-from icml_jax.llm.offline import OfflineBackend
 from icml_jax.llm.types import LLMBackend, TokenUsage
 from icml_jax.memory.store import MemoryStore
-from icml_jax.models.sampler import bucket
-from icml_jax.rl.advantages import compute_advantages
-from icml_jax.rl.checkpoint import policy_arrays, restore_policy_arrays
+from icml_jax.rl.batch import collate, partition, rollout_stats
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig
 from icml_jax.rl.pending import PendingRewardBuffer, SaveReward
-from icml_jax.rl.rewards import planner_reward, planner_training_reward
-from icml_jax.rl.update import (JointUpdater, PlannerItem, Slot, TriggerItem, UpdateResult, collate, partition,
-                                 rollout_stats)
+from icml_jax.rl.rewards import planner_reward
+from icml_jax.rl.rollout import agent_turns, decision_keys, lockstep
+from icml_jax.rl.trajectory import TurnRecord, build_slots
+from icml_jax.rl.updater import JointUpdater, UpdateResult
 
 STATE_FORMAT = "icml_jax.rl.OnlineLearner"
 STATE_VERSION = 1
@@ -78,138 +78,11 @@ class LearnerConfig:
 
 
 @dataclasses.dataclass
-class SessionCounts:
-    """Label counts of one session's decisions: what planner precision / recall and trigger recall pool."""
-
-    episode_id: str
-    session: int
-    turns: int = 0  # decisions (turns the agent acted on)
-    saves: int = 0
-    correct_saves: int = 0  # saved turns with y_p True
-    gold_saves: int = 0  # turns with y_p True
-    needed: int = 0  # (turn, needed earlier turn) pairs of y_t
-    recalled: int = 0  # pairs whose needed turn was the memory the Trigger used
-    quality_sum: float = 0.0  # judged reply quality (the Trigger's reward) summed over `quality_n` turns
-    quality_n: int = 0
-    proxy_sum: float = 0.0  # proxy value of the turns (the Planner's immediate reward signal)
-    proxy_n: int = 0
-    duplicate_saves: int = 0  # saves of a fact (turn meta "fact") the agent had already saved in this episode
-    stale_queries: int = 0  # turns needing a fact whose older values were overwritten (meta "stale_facts")
-    stale_recalls: int = 0  # ... where a memory that reached the reply states an overwritten value
-    stale_queries_saved: int = 0  # stale queries whose current value the agent had saved (the update was kept)
-    stale_recalls_saved: int = 0  # ... where the overwritten value still reached the reply
-    updates: int = 0  # saved turns overwriting a fact (meta "supersedes") whose old value was saved before
-    updates_superseding: int = 0  # ... whose save superseded a memory of the old value
-
-    def add(self, other: SessionCounts) -> None:
-        """Accumulate another session's counts (pooling): every field but the session's identity."""
-        for f in dataclasses.fields(self)[2:]:
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON data (checkpoints)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SessionCounts:
-        """Inverse of `to_json`."""
-        return cls(**data)
-
-
-def pooled_metrics(counts: Iterable[SessionCounts], prefix: str = "labels") -> dict[str, float]:
-    """Planner precision / recall / miss and false-positive rates and trigger recall over pooled counts (NaN where
-    a denominator is 0)."""
-    total = SessionCounts("*", -1)
-    for c in counts:
-        total.add(c)
-    ratio = lambda a, b: a / b if b else float("nan")  # noqa: E731
-    return {
-        f"{prefix}/planner_precision": ratio(total.correct_saves, total.saves),
-        f"{prefix}/planner_recall": ratio(total.correct_saves, total.gold_saves),
-        f"{prefix}/trigger_recall": ratio(total.recalled, total.needed),
-        # Table 8: high-value turns (y_p) not saved, and other turns saved
-        f"{prefix}/planner_miss_rate": ratio(total.gold_saves - total.correct_saves, total.gold_saves),
-        f"{prefix}/planner_false_positive_rate": ratio(total.saves - total.correct_saves,
-                                                        total.turns - total.gold_saves),
-        f"{prefix}/save_rate": ratio(total.saves, total.turns),
-        f"{prefix}/needed_pairs": float(total.needed),
-        f"{prefix}/reward_quality": ratio(total.quality_sum, total.quality_n),
-        f"{prefix}/reward_proxy": ratio(total.proxy_sum, total.proxy_n),
-        f"{prefix}/duplicate_saves": float(total.duplicate_saves),
-        f"{prefix}/duplicate_save_rate": ratio(total.duplicate_saves, total.saves),
-        # facts that change: recalling an overwritten value, and updates that retired the old memory
-        f"{prefix}/stale_recall_rate": ratio(total.stale_recalls, total.stale_queries),
-        # the same where the Planner kept the update: what superseding can fix (a missed update cannot be)
-        f"{prefix}/stale_recall_rate_update_saved": ratio(total.stale_recalls_saved, total.stale_queries_saved),
-        f"{prefix}/update_accuracy": ratio(total.updates_superseding, total.updates),
-        f"{prefix}/stale_queries": float(total.stale_queries),
-    }
-
-
-LABEL_KEYS = ("fact", "supersedes")
-
-
-def memory_label(turn: Any) -> dict[str, Any] | None:
-    """The labels a saved memory keeps (persona world: the fact it states, the fact it overwrites), or None."""
-    label = {k: turn.meta[k] for k in LABEL_KEYS if k in (turn.meta or {})}
-    return label or None
-
-
-def session_counts(episode: Episode, receipts: Sequence[Receipt]) -> list[SessionCounts]:
-    """Per-session label counts of an episode's decisions (same definitions as `icml_jax.data.labels`); a save
-    of a turn stating a fact (`meta["fact"]`, the persona world) already saved earlier in the episode counts as
-    a duplicate save."""
-    out = [SessionCounts(episode.episode_id, s) for s in range(len(episode.sessions))]
-    by_ref = {(r.session, r.turn): r for r in receipts}
-    saved_facts: set[str] = set()
-
-    def fact_at(ref: Sequence[Any]) -> str | None:  # the fact a memory's source turn states
-        _, s_, t_ = ref
-        return episode.sessions[s_].turns[t_].meta.get("fact")
-
-    for s, session in enumerate(episode.sessions):
-        c = out[s]
-        for t, turn in enumerate(session.turns):
-            receipt = by_ref.get((s, t))
-            if turn.y_p:
-                c.gold_saves += 1
-            if receipt is not None and receipt.planner is not None:  # None: a Trigger decision only (evaluation)
-                c.turns += 1
-                if receipt.planner.save:
-                    c.saves += 1
-                    c.correct_saves += bool(turn.y_p)
-                    fact = turn.meta.get("fact")
-                    old = turn.meta.get("supersedes")
-                    if old is not None and old in saved_facts:
-                        c.updates += 1
-                        c.updates_superseding += any(r[1] == episode.episode_id and fact_at(r[1:]) == old
-                                                     for r in getattr(receipt, "replaced", ()))
-                    if fact is not None:
-                        c.duplicate_saves += fact in saved_facts
-                        saved_facts.add(fact)
-            used = receipt.memory_used if receipt is not None else None
-            # the memories that reached the reply: one for our Trigger, several for some baselines (`refs`)
-            refs = () if used is None else tuple(getattr(used, "refs", None) or (used.ref,))
-            for need in turn.y_t or ():
-                c.needed += 1
-                c.recalled += (episode.episode_id, need.session, need.turn) in refs
-            stale = turn.meta.get("stale_facts")
-            if stale and turn.y_t and receipt is not None:
-                recalled_stale = any(r[0] == episode.episode_id and fact_at(r) in stale for r in refs)
-                c.stale_queries += 1
-                c.stale_recalls += recalled_stale
-                if any(f in saved_facts for f in turn.gold_facts or ()):
-                    c.stale_queries_saved += 1
-                    c.stale_recalls_saved += recalled_stale
-    return out
-
-
-@dataclasses.dataclass
 class _UpdateView:
     """What an update trains on and reports: one process's, or every process's merged (`OnlineLearner._gather`)."""
 
-    records: list[Any]  # _TurnRecord of the turns played since the last update
-    ready: list[Any]  # _TurnRecord of earlier saves whose reward arrived now
+    records: list[Any]  # TurnRecord of the turns played since the last update
+    ready: list[Any]  # TurnRecord of earlier saves whose reward arrived now
     saves: list[SaveReward]  # the save rewards finalized now
     proxy_failures: int
     quality_failures: int
@@ -219,79 +92,14 @@ class _UpdateView:
     holdover: int
 
 
-@dataclasses.dataclass
-class _TurnRecord:
-    """One turn waiting for the next update: the receipt and the rewards known so far."""
-
-    receipt: Receipt
-    episode_key: int  # learner-wide episode ordinal: trajectories end at episode boundaries
-    r_qual: float | None  # None = quality judge failed (Trigger decision masked)
-    r_proxy: float | None  # None = proxy judge failed (Planner decision masked)
-    planner_reward: float | None  # discards: set at once; saves: set when the buffer finalizes them
-
-
 def _unique_backends(backends: Iterable[Any]) -> list[Any]:
+    """The distinct back ends among `backends` (None skipped), in order: whose token usage the learner sums."""
     seen, out = set(), []
     for b in backends:
         if b is not None and id(b) not in seen:
             seen.add(id(b))
             out.append(b)
     return out
-
-
-def agent_turns(episode: Episode, user_speaker: str | None) -> list[tuple[int, int, tuple[tuple[str, str], ...]]]:
-    """(session, turn, dialogue before it) of each turn the agent acts on (`user_speaker`'s; None: every turn),
-    in order; the dialogue is the session's gold one (the evaluation protocol)."""
-    out = []
-    for s, session in enumerate(episode.sessions):
-        history: list[tuple[str, str]] = []
-        for t, turn in enumerate(session.turns):
-            if user_speaker is None or turn.speaker == user_speaker:
-                out.append((s, t, tuple(history)))
-            history.append((turn.speaker, turn.text))
-    return out
-
-
-def lockstep(schedules: Sequence[Sequence[tuple[Any, ...]]]) -> Iterator[list[tuple[Any, ...]]]:
-    """Batched play's ticks: per tick, (episode index, *entry) of the next entry of each schedule not yet done."""
-    for k in range(max((len(x) for x in schedules), default=0)):
-        yield [(i, *x[k]) for i, x in enumerate(schedules) if k < len(x)]
-
-
-def user_groups(episodes: Iterable[Episode], size: int, update_every: int, seen: int = 0
-                ) -> Iterator[list[Episode]]:
-    """Consecutive episodes in groups for `OnlineLearner.run_episodes`: at most `size`, distinct users (episode
-    ids), never across an update (the count `seen` + played reaching a multiple of `update_every`), so every
-    update and checkpoint falls between groups."""
-    group: list[Episode] = []
-    for episode in episodes:
-        if any(e.episode_id == episode.episode_id for e in group):  # the same user twice: its turns are ordered
-            yield group
-            seen, group = seen + len(group), []
-        group.append(episode)
-        if len(group) == size or (seen + len(group)) % update_every == 0:
-            yield group
-            seen, group = seen + len(group), []
-    if group:
-        yield group
-
-def decision_keys(key: jax.Array, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Trigger and Planner keys (raw key data [N, ...]) of the decisions at `where` [N, 3] = (episode ordinal,
-    session, turn): each draw depends on the run's key and its place only, not on which other users share its
-    batch or process. One compiled program per power-of-two N."""
-    n = len(where)
-    padded = np.zeros((bucket(n, 1), 3), np.int32)
-    padded[:n] = where
-    pairs = np.asarray(_decision_keys(key, padded))[:n]
-    return pairs[:, 0], pairs[:, 1]
-
-
-@jax.jit
-def _decision_keys(key: jax.Array, where: jax.Array) -> jax.Array:
-    def one(w: jax.Array) -> jax.Array:
-        k = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, w[0]), w[1]), w[2])
-        return jax.random.key_data(jax.random.split(k))
-    return jax.vmap(one)(where)
 
 
 class OnlineLearner:
@@ -324,14 +132,14 @@ class OnlineLearner:
         self.buffer = PendingRewardBuffer(self.config.reward)
         self.rng = np.random.default_rng(self.config.seed)
         self._backends = _unique_backends([generator, condenser, proxy_judge.backend, quality_judge.backend])
-        self._turns: list[_TurnRecord] = []
-        self._holdover: dict[str, _TurnRecord] = {}  # saves whose reward is still pending ("defer")
+        self._turns: list[TurnRecord] = []
+        self._holdover: dict[str, TurnRecord] = {}  # saves whose reward is still pending ("defer")
         self._closed: set[str] = set()
         self._counts: list[SessionCounts] = []  # label counts since the last update
         self.session_log: list[SessionCounts] = []  # every session played, in order (the learning curve)
         self.last_finalized: list[SaveReward] = []  # save rewards emitted by the last update (inspection, logs)
         self.last_receipts: list[Receipt] = []  # the receipts of the last episode played (inspection, `/why`)
-        self.last_records: list[_TurnRecord] = []  # the turns the last update trained on, with their rewards
+        self.last_records: list[TurnRecord] = []  # the turns the last update trained on, with their rewards
         self.episodes_seen = 0
         self.updates = 0
         self.turns_seen = 0
@@ -388,14 +196,14 @@ class OnlineLearner:
                 [self.episodes_seen + i * self.processes + jax.process_index() for i in range(len(episodes))])
         if len(keys) != len(episodes):
             raise ValueError(f"OnlineLearner.run_episodes: {len(keys)} ordinals for {len(episodes)} episodes")
-        records: list[list[_TurnRecord]] = [[] for _ in episodes]
+        records: list[list[TurnRecord]] = [[] for _ in episodes]
         for tick in lockstep(schedules):
             played = self._play_turns([(episodes[i], users[i], s, t, hist, keys[i]) for i, s, t, hist in tick])
             for (i, *_), rec in zip(tick, played, strict=True):
                 records[i].append(rec)
         return [self._finish_episode(e, u, recs) for e, u, recs in zip(episodes, users, records, strict=True)]
 
-    def _finish_episode(self, episode: Episode, user: str, records: list[_TurnRecord]) -> dict[str, float]:
+    def _finish_episode(self, episode: Episode, user: str, records: list[TurnRecord]) -> dict[str, float]:
         """An episode's bookkeeping once played: its turns join the next update, its label counts the curve."""
         self._turns += records
         receipts = [rec.receipt for rec in records]
@@ -426,7 +234,7 @@ class OnlineLearner:
         return record.receipt
 
     def _play_turns(self, turns: Sequence[tuple[Episode, str, int, int, tuple[tuple[str, str], ...], int]]
-                    ) -> list[_TurnRecord]:
+                    ) -> list[TurnRecord]:
         """One turn of each of several users, (episode, user, session, turn, history, episode key) each: the
         agent's step, both judges and the rewards known at once (the truth reward of a used memory's save, a
         discard's reward); the records come back in order."""
@@ -470,7 +278,7 @@ class OnlineLearner:
                                 decision_id=receipt.planner.decision_id, r_proxy=r_proxy, created_ref=ref)
             else:
                 reward = float(planner_reward(False, r_proxy, self.config.reward))
-            records.append(_TurnRecord(receipt, key, r_qual, r_proxy, reward))
+            records.append(TurnRecord(receipt, key, r_qual, r_proxy, reward))
         self.turns_seen += len(records)
         return records
 
@@ -521,9 +329,10 @@ class OnlineLearner:
             records, ready, list(finalized.values()), self._since["proxy_failures"], self._since["quality_failures"],
             self._usage() - self._since["usage"], list(self._counts), len(self.buffer), len(self._holdover)))
         records, ready = view.records, view.ready
-        slots = self._slots(records, ready)
+        slots = build_slots(records, ready, reward=self.config.reward, ppo=self.config.ppo,
+                            planner_rule=self.config.agent.planner_rule, trigger_rule=self.config.agent.trigger_rule)
         size = self.config.ppo.minibatch_size
-        cuts = partition(slots, size, self.rng)  # one partition for all epochs (see rl.update)
+        cuts = partition(slots, size, self.rng)  # one partition for all epochs (see rl.updater)
         minibatches = [collate(cut, size, self.pad_id) for cut in cuts]
         rollout = [rollout_stats(cut, size) for cut in cuts]  # the behaviour policy's numbers (the ratio's anchor)
         result = self.updater.run(minibatches, self.rng, rollout)
@@ -536,45 +345,6 @@ class OnlineLearner:
         self._since = self._fresh_since()
         self._counts = []
         return metrics
-
-    def _slots(self, records: Sequence[_TurnRecord], ready: Sequence[_TurnRecord]) -> list[Slot]:
-        """Training slots with GAE advantages per agent (one trajectory per episode; holdovers alone)."""
-        entries = [(rec, rec.episode_key) for rec in records] + [(rec, -1 - i) for i, rec in enumerate(ready)]
-        n = len(entries)
-        n_current = len(records)  # entries after these are holdovers: Planner saves without a Trigger decision
-        adv_ret = {}
-        for agent in ("planner", "trigger"):
-            length = bucket(max(n, 1), 64)
-            rewards, values = np.zeros(length, np.float32), np.zeros(length, np.float32)
-            mask, dones = np.zeros(length, bool), np.zeros(length, bool)
-            last_of: dict[int, int] = {}
-            ruled = (self.config.agent.trigger_rule if agent == "trigger" else self.config.agent.planner_rule)
-            for i, (rec, key) in enumerate(entries):
-                if ruled != "policy":  # an ablation's rule decides for this agent: nothing to train
-                    continue
-                if agent == "trigger":
-                    ok, r, v = i < n_current and rec.r_qual is not None, rec.r_qual, rec.receipt.trigger.value
-                else:  # raw r_truth / miss penalty, onto [0, 1] when config.reward.normalize
-                    ok, v = rec.planner_reward is not None, rec.receipt.planner.value
-                    r = float(planner_training_reward(rec.planner_reward, self.config.reward)) if ok else None
-                if ok:
-                    rewards[i], values[i], mask[i] = r, v, True
-                    last_of[key] = i
-            dones[list(last_of.values())] = True  # the last real step of each trajectory: nothing bootstraps
-            adv, ret = compute_advantages(rewards, values, dones, mask, None, self.config.ppo)
-            adv_ret[agent] = (np.asarray(adv), np.asarray(ret), mask)
-        slots = []
-        for i, (rec, _) in enumerate(entries):
-            p_adv, p_ret, p_mask = adv_ret["planner"]
-            t_adv, t_ret, t_mask = adv_ret["trigger"]
-            pd, td = rec.receipt.planner, rec.receipt.trigger
-            p = PlannerItem(pd.tokens, pd.mask, int(pd.save), float(p_adv[i]), float(p_ret[i]), pd.logp,
-                            pd.value) if p_mask[i] else None
-            t = TriggerItem(td.tokens, td.mask, td.cand_mask, td.action, float(t_adv[i]), float(t_ret[i]), td.logp,
-                            td.value) if t_mask[i] else None
-            if p is not None or t is not None:
-                slots.append(Slot(p, t))
-        return slots
 
     def _gather(self, view: _UpdateView) -> _UpdateView:
         """This process's view of an update, or with several processes all of theirs merged (a collective):
@@ -652,8 +422,8 @@ class OnlineLearner:
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
-            "params": policy_arrays(nnx.state(self.policies, TRAINABLE)),
-            "rest": policy_arrays(nnx.state(self.policies, nnx.Not(nnx.Param))),
+            "params": flat_arrays(nnx.state(self.policies, TRAINABLE)),
+            "rest": flat_arrays(nnx.state(self.policies, nnx.Not(nnx.Param))),
             "optimizer": self.updater.state_dict(),  # host copies: the live state is donated
             "buffer": self.buffer.state_dict(),
             "divergence": self.updater.monitor.state_dict(),
@@ -671,9 +441,9 @@ class OnlineLearner:
         targets = {name: nnx.state(self.policies, filt) for name, filt in (("params", TRAINABLE),
                                                                            ("rest", nnx.Not(nnx.Param)))}
         for name, target in targets.items():  # check everything before changing anything
-            restore_policy_arrays(target, state[name], f"OnlineLearner.load_state_dict: {name}", check_only=True)
+            restore_arrays(target, state[name], f"OnlineLearner.load_state_dict: {name}", check_only=True)
         for name, target in targets.items():
-            restore_policy_arrays(target, state[name], f"OnlineLearner.load_state_dict: {name}")
+            restore_arrays(target, state[name], f"OnlineLearner.load_state_dict: {name}")
             nnx.update(self.policies, target)
         self.updater.load_state_dict(state["optimizer"])
         self.buffer = PendingRewardBuffer.from_state_dict(state["buffer"], self.config.reward)
@@ -688,60 +458,3 @@ class OnlineLearner:
         self.session_log = [SessionCounts.from_json(x) for x in state.get("session_log", [])]
         self._counts = []
         self.agent.policy_version = str(self.updates)
-
-
-def evaluate(
-    policies: MemoryPolicies,
-    tokenizer,
-    episodes: Sequence[Episode],
-    *,
-    agent_config: AgentConfig | None = None,
-    backend: LLMBackend | None = None,
-    user_speaker: str | None = "user",
-    greedy: bool = False,
-    seed: int = 0,
-    users_in_flight: int = 1,
-) -> list[SessionCounts]:
-    """Per-session label counts of the policies on labelled episodes, fresh memory per episode, no learning.
-
-    The agent acts on `user_speaker`'s turns (None: on every turn, as online on real data).
-    `greedy=False` samples decisions as the online agent does (seeded: each draw depends on `seed` and the
-    decision's place, so the same probabilities give the same draws); `greedy=True` takes the most likely ones.
-    `users_in_flight` episodes are played in lockstep, their decisions batched (same counts). With several JAX
-    processes, process p plays episodes p, p + P, ... and the counts of all come back to every process in the
-    order of `episodes` (a collective: every process calls it with the same episodes).
-    """
-    if isinstance(users_in_flight, bool) or not isinstance(users_in_flight, int) or users_in_flight < 1:
-        raise ValueError(f"evaluate: users_in_flight must be a positive int, got {users_in_flight!r}")
-    cfg = dataclasses.replace(agent_config or AgentConfig(), greedy=greedy)
-    backend = backend or OfflineBackend()
-    count, index = jax.process_count(), jax.process_index()
-    mine = list(range(index, len(episodes), count))  # the ordinals this process plays
-    with MemoryStore() as store:
-        agent = MemoryAgent(policies, tokenizer, store, backend, config=cfg, seed=seed)
-        try:
-            out: list[list[SessionCounts]] = []
-            for start in range(0, len(mine), users_in_flight):
-                ordinals = mine[start: start + users_in_flight]
-                out += _evaluate_group(agent, [episodes[j] for j in ordinals], ordinals, user_speaker)
-        finally:
-            agent.close()  # its request pool, made when the back end is remote
-    if count > 1:
-        parts = parallel.allgather_objects(out)  # process p's k-th episode is ordinal k * P + p
-        out = [parts[j % count][j // count] for j in range(len(episodes))]
-    return [c for counts in out for c in counts]
-
-
-def _evaluate_group(agent: MemoryAgent, episodes: Sequence[Episode], ordinals: Sequence[int],
-                    user_speaker: str | None) -> list[list[SessionCounts]]:
-    """`evaluate`'s play of episodes (numbers `ordinals`: their decisions' keys) in lockstep; each one's label
-    counts."""
-    receipts: list[list[Receipt]] = [[] for _ in episodes]
-    for tick in lockstep([agent_turns(e, user_speaker) for e in episodes]):
-        inputs = [TurnInput(episodes[i].episode_id, episodes[i].sessions[s].turns[t].text, hist,
-                            episodes[i].episode_id, s, t, label=memory_label(episodes[i].sessions[s].turns[t]))
-                  for i, s, t, hist in tick]
-        keys = decision_keys(agent.key, np.asarray([(ordinals[i], s, t) for i, s, t, _ in tick], np.int32))
-        for (i, *_), (_, receipt) in zip(tick, agent.step_many(inputs, keys=keys), strict=True):
-            receipts[i].append(receipt)
-    return [session_counts(e, r) for e, r in zip(episodes, receipts, strict=True)]

@@ -1,4 +1,5 @@
-"""The joint optimizer (actor / critic learning rates, frozen weights, global-norm clipping) and the NaN guard.
+"""The trainer core of the warm-up and the PPO update: the one optimizer factory (actor / critic learning rates,
+frozen weights, global or per-group norm clipping), the parameter labelling, and the NaN guard.
 
 Labels: every parameter leaf is labelled "actor" (LoRA adapters, policy heads: lr `actor_lr`), "critic"
 (value heads: lr `critic_lr`) or "frozen" (backbone: never changes, no optimizer state). Frozen gradients are
@@ -7,6 +8,7 @@ zeroed *before* the global norm is taken, so a large backbone gradient cannot sh
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -24,22 +26,62 @@ PyTree = Any
 LabelSpec = PyTree | Callable[[PyTree], PyTree]
 
 
-def make_optimizer(config: PPOConfig, param_labels: LabelSpec) -> optax.GradientTransformation:
-    """optax chain: zero frozen grads -> clip by global norm -> multi_transform(actor Adam(W), critic Adam(W)).
+CLIPS = ("global", "per_group")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+    """What the one optimizer factory builds from (hashable, so equal settings share one transformation).
+
+    clip: "global" (the PPO update) zeroes frozen gradients, then clips all of them by one global norm;
+    "per_group" (the warm-up) clips the actor and the critic groups each by its own norm, so the value
+    regression's large gradients cannot shrink the policies' steps. `max_grad_norm` None: no clipping.
+    """
+
+    actor_lr: float
+    critic_lr: float
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = None
+    clip: str = "global"
+
+    def __post_init__(self) -> None:
+        """Rejects an unknown clipping mode, naming it."""
+        if self.clip not in CLIPS:
+            raise ValueError(f"OptimizerSettings.clip must be one of {CLIPS}, got {self.clip!r}")
+
+    @classmethod
+    def of(cls, config: PPOConfig | OptimizerSettings) -> OptimizerSettings:
+        """The settings of a PPO config (global clipping); settings pass through."""
+        if isinstance(config, OptimizerSettings):
+            return config
+        return cls(config.actor_lr, config.critic_lr, config.weight_decay, config.max_grad_norm, "global")
+
+
+def make_optimizer(config: PPOConfig | OptimizerSettings, param_labels: LabelSpec) -> optax.GradientTransformation:
+    """The one optimizer of the warm-up and the PPO update: Adam(W) per label (actor lr, critic lr; frozen never
+    moves and holds no optimizer state), clipped as `OptimizerSettings.clip` says. A PPOConfig means its
+    settings: zero frozen grads -> clip by global norm -> multi_transform(actor Adam(W), critic Adam(W)).
 
     `param_labels` is a pytree matching the parameters with leaves in {"actor", "critic", "frozen"}, or a
     function params -> such a pytree (as `optax.multi_transform` accepts). Labels that never occur are fine.
     """
+    c = OptimizerSettings.of(config)
 
     def adam(lr: float) -> optax.GradientTransformation:
-        return optax.adamw(lr, weight_decay=config.weight_decay) if config.weight_decay else optax.adam(lr)
+        return optax.adamw(lr, weight_decay=c.weight_decay) if c.weight_decay else optax.adam(lr)
 
+    if c.clip == "per_group":
+        def group(lr: float) -> optax.GradientTransformation:
+            return optax.chain(optax.clip_by_global_norm(c.max_grad_norm), adam(lr)) if c.max_grad_norm else adam(lr)
+
+        return optax.multi_transform({ACTOR: group(c.actor_lr), CRITIC: group(c.critic_lr),
+                                      FROZEN: optax.set_to_zero()}, param_labels)
     zero_frozen = optax.multi_transform(
         {ACTOR: optax.identity(), CRITIC: optax.identity(), FROZEN: optax.set_to_zero()}, param_labels
     )
-    clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm is not None else optax.identity()
+    clip = optax.clip_by_global_norm(c.max_grad_norm) if c.max_grad_norm is not None else optax.identity()
     per_group = optax.multi_transform(
-        {ACTOR: adam(config.actor_lr), CRITIC: adam(config.critic_lr), FROZEN: optax.set_to_zero()}, param_labels
+        {ACTOR: adam(c.actor_lr), CRITIC: adam(c.critic_lr), FROZEN: optax.set_to_zero()}, param_labels
     )
     return optax.chain(zero_frozen, clip, per_group)
 

@@ -16,7 +16,7 @@ from icml_jax.workdir import CHECKPOINT_DIR
 
 def session_rows(phase: str, sessions: Sequence[Any]) -> list[dict[str, Any]]:
     """Per-session-number rows of the per-session table (labels pooled over episodes, mean judged rewards)."""
-    from icml_jax.rl.learner import pooled_metrics
+    from icml_jax.data.labels import pooled_metrics
 
     rows = []
     for number in sorted({c.session for c in sessions}):
@@ -46,8 +46,11 @@ def stage_online(run: Run) -> dict[str, Any]:
     from icml_jax.data.stream import EVAL_OFFSET, held_out_episodes, online_stream
     from icml_jax.llm.judges import ProxyJudge, QualityJudge
     from icml_jax.memory.store import MemoryStore
-    from icml_jax.rl.checkpoint import RunCheckpointer, load_memory_state, memory_state
-    from icml_jax.rl.learner import OnlineLearner, evaluate, pooled_metrics, user_groups
+    from icml_jax.checkpoint import RunCheckpointer, load_memory_state, memory_state
+    from icml_jax.data.labels import pooled_metrics
+    from icml_jax.rl.heldout import evaluate
+    from icml_jax.rl.learner import OnlineLearner
+    from icml_jax.rl.rollout import user_groups
 
     config, spec = run.config, run.spec
     policies, tokenizer = run.models()
@@ -97,7 +100,7 @@ def stage_online(run: Run) -> dict[str, Any]:
             stream.set_state(state["data"])
         else:  # the warmed-up start is resume point 0; the warm-up, deferred until now, is recoverable from it
             if spec.online.init_from:
-                from icml_jax.train.checkpoint import load_warmup
+                from icml_jax.checkpoint import load_warmup
 
                 load_warmup(Path(spec.online.init_from).expanduser(), policies)
             save({"before": {}, "before_rows": []})
@@ -178,7 +181,7 @@ def own_state(state: dict[str, Any], where: Path) -> dict[str, Any]:
     processes is an error naming both."""
     import jax
 
-    from icml_jax.rl.checkpoint import CheckpointError
+    from icml_jax.checkpoint import CheckpointError
 
     saved = int(state.get("process_count", 1))
     if saved != jax.process_count():

@@ -62,7 +62,7 @@ class Run:
 
     def save_policy(self, metadata: dict[str, Any]) -> Path:
         """The trained policy's adapters and heads to `<workdir>/policy` (what `icml_jax.chat` loads)."""
-        from icml_jax.train.checkpoint import save_warmup
+        from icml_jax.checkpoint import save_warmup
 
         return save_warmup(self.workdir / POLICY_DIR, self.policies, json_safe(metadata))  # every process calls
 

@@ -1,6 +1,7 @@
-"""Training outside the online loop: the supervised warm-up on synthesized expert data, and its checkpoint."""
+"""Training outside the online loop: the supervised warm-up on synthesized expert data, and its policy file
+(re-exported from `icml_jax.checkpoint`)."""
 
-from icml_jax.train.checkpoint import WARMUP_TRAINABLE, load_warmup, read_warmup_metadata, save_warmup
+from icml_jax.checkpoint import load_warmup, read_warmup_metadata, save_warmup
 from icml_jax.train.supervised import (
     WarmupConfig,
     WarmupResult,
@@ -11,7 +12,6 @@ from icml_jax.train.supervised import (
 )
 
 __all__ = [
-    "WARMUP_TRAINABLE",
     "WarmupConfig",
     "WarmupResult",
     "default_config",

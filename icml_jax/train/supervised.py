@@ -4,13 +4,13 @@ The Planner learns y_p with binary cross-entropy on its save logit; the Trigger 
 over {none} + candidates; both value heads regress (value_weight > 0) on the expert's discounted returns,
 computed from the labels with the online reward formulas and the learner's gamma, so PPO starts with critics
 on the right scale. Only the adapters and the four
-heads train (`WARMUP_TRAINABLE`); the backbone stays frozen. Each agent gets `epochs` passes over its own
+heads train (`checkpoint.TRAINABLE`); the backbone stays frozen. Each agent gets `epochs` passes over its own
 examples, the two agents' steps interleaved evenly and sharing one optimizer state (a shared backbone's
 adapters see both losses). Inputs go through Grain (shuffled, reshuffled per epoch, batched); every example is
 encoded once into one shape bucket per agent, so each agent's jitted step compiles once (cached across runs
 with equal settings).
 Held-out planner precision / recall / F1 and trigger accuracy are measured before and after; the trained
-state is saved with Orbax (see `icml_jax.train.checkpoint`).
+state is saved with Orbax (`icml_jax.checkpoint.policy_file`).
 """
 
 from __future__ import annotations
@@ -37,15 +37,17 @@ from tqdm.auto import tqdm
 
 from icml_jax.configlib import known_fields
 from icml_jax.agents import observation as obs
-from icml_jax.agents.policy import MemoryPolicies, planner_forward, trigger_forward
+from icml_jax.agents.policy import MemoryPolicies, planner_forward, trainable_group, trigger_forward
 from icml_jax.data.schema import Episode, TurnRef
+from icml_jax.rl.advantages import discounted_returns
 from icml_jax.rl.config import RewardConfig
-from icml_jax.rl.divergence import DivergenceConfig, DivergenceMonitor, StepFigures
-from icml_jax.rl.optim import guarded_apply
+from icml_jax.rl.divergence import DivergenceConfig, DivergenceMonitor, check_window
+from icml_jax.rl.optim import CRITIC, OptimizerSettings, guarded_apply, label_params, make_optimizer
 from icml_jax.rl.rewards import planner_reward, planner_training_reward, trigger_reward, truth_reward
 from icml_jax.synthesis.dataset import ExpertData, load_expert_data
 from icml_jax.synthesis.examples import PlannerExample, TriggerExample, planner_examples
-from icml_jax.train.checkpoint import WARMUP_TRAINABLE, save_warmup
+from icml_jax.checkpoint import TRAINABLE, save_warmup
+from icml_jax.workdir import write_text_atomic
 
 Batch = dict[str, np.ndarray]
 
@@ -155,26 +157,29 @@ def planner_expert_rewards(examples: Sequence[PlannerExample], config: WarmupCon
     return planner_training_reward(np.where(saved, truth, base), config.rewards).astype(np.float32)
 
 
-def _discounted(rewards: np.ndarray, gamma: float) -> np.ndarray:
-    out, running = np.zeros_like(rewards), 0.0
-    for t in range(len(rewards) - 1, -1, -1):
-        running = float(rewards[t]) + gamma * running
-        out[t] = running
-    return out
-
-
 def expert_returns(episodes: Sequence[Episode], user_speaker: str, config: WarmupConfig) -> tuple[Returns, Returns]:
     """(Planner, Trigger) value targets: the expert's discounted returns over each episode's user turns, as the
-    online learner defines returns (one trajectory per episode and agent, gamma = config.gamma). The Trigger's
-    reward per turn is r_qual of the expert's choice, taken as expert_quality."""
+    online learner defines returns (one trajectory per episode and agent, gamma = config.gamma), computed by
+    `rl.advantages.discounted_returns` over all episodes at once (padded rows masked). The Trigger's reward per
+    turn is r_qual of the expert's choice, taken as expert_quality."""
+    per_episode = [(ep, planner_examples([ep], user_speaker)) for ep in episodes]
+    per_episode = [(ep, examples) for ep, examples in per_episode if examples]
+    if not per_episode:
+        return {}, {}
+    width = max(len(examples) for _, examples in per_episode)
+    rewards = np.zeros((2, len(per_episode), width), np.float32)  # [agent, episode, turn]
+    mask = np.zeros((len(per_episode), width), bool)
+    for i, (_, examples) in enumerate(per_episode):
+        n = len(examples)
+        rewards[0, i, :n] = planner_expert_rewards(examples, config)
+        rewards[1, i, :n] = np.asarray(trigger_reward(np.full(n, config.expert_quality)))
+        mask[i, :n] = True
+    g_p, g_t = (np.asarray(discounted_returns(r, None, mask, None, config.gamma)) for r in rewards)
     planner, trigger = {}, {}
-    for ep in episodes:
-        examples = planner_examples([ep], user_speaker)
-        g_p = _discounted(planner_expert_rewards(examples, config), config.gamma)
-        g_t = _discounted(np.asarray(trigger_reward(np.full(len(examples), config.expert_quality))), config.gamma)
-        for e, gp, gt in zip(examples, g_p, g_t, strict=True):
-            planner[(ep.episode_id, e.ref)] = float(gp)
-            trigger[(ep.episode_id, e.ref)] = float(gt)
+    for i, (ep, examples) in enumerate(per_episode):
+        for t, e in enumerate(examples):
+            planner[(ep.episode_id, e.ref)] = float(g_p[i, t])
+            trigger[(ep.episode_id, e.ref)] = float(g_t[i, t])
     return planner, trigger
 
 
@@ -247,7 +252,6 @@ def batches(arrays: Batch, batch_size: int, seed: int) -> Iterator[Batch]:
 
 
 AGENTS = ("planner", "trigger")
-CRITIC_HEADS = ("planner_critic", "trigger_critic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,31 +273,23 @@ class _StepSpec:
                    c.value_through_backbone)
 
     def optimizer(self) -> optax.GradientTransformation:
-        """Per group (value heads / everything else): clip by global norm (optional), then Adam(W). Separate
-        clipping keeps the value regression's large gradients from shrinking the policies' steps."""
-        def group() -> optax.GradientTransformation:
-            adam = (optax.adamw(self.learning_rate, weight_decay=self.weight_decay) if self.weight_decay
-                    else optax.adam(self.learning_rate))
-            return optax.chain(optax.clip_by_global_norm(self.max_grad_norm), adam) if self.max_grad_norm else adam
-
-        return optax.multi_transform({"policy": group(), "critic": group()}, _groups)
+        """The trainer core's optimizer with per-group clipping (value heads / everything else), one learning
+        rate: separate clipping keeps the value regression's large gradients from shrinking the policies' steps."""
+        settings = OptimizerSettings(self.learning_rate, self.learning_rate, self.weight_decay, self.max_grad_norm,
+                                     clip="per_group")
+        return make_optimizer(settings, param_groups)
 
 
-def _groups(params: Any) -> Any:
-    """'critic' for the value heads' leaves, 'policy' for the rest (optax.multi_transform labels)."""
-    def one(path: tuple[Any, ...], _: Any) -> str:
-        return "critic" if any(getattr(k, "key", getattr(k, "name", None)) in CRITIC_HEADS for k in path) else "policy"
-
-    return jax.tree_util.tree_map_with_path(one, params)
+def param_groups(params: Any) -> Any:
+    """The trainer core's labels of the trainable state: 'critic' for the value heads' leaves, 'actor' for the
+    rest (`agents.policy.trainable_group`, the rule the PPO update uses)."""
+    return label_params(params, trainable_group)
 
 
 def critic_only(params: nnx.State) -> nnx.State:
     """The same values, with gradients stopped everywhere except the value heads."""
-    def one(path: tuple[Any, ...], x: jax.Array) -> jax.Array:
-        keep = any(getattr(k, "key", getattr(k, "name", None)) in CRITIC_HEADS for k in path)
-        return x if keep else jax.lax.stop_gradient(x)
-
-    return jax.tree_util.tree_map_with_path(one, params)
+    return jax.tree.map(lambda x, label: x if label == CRITIC else jax.lax.stop_gradient(x), params,
+                        param_groups(params))
 
 
 def planner_loss(policies: MemoryPolicies, critics: MemoryPolicies, batch: Batch, weight: float,
@@ -369,7 +365,7 @@ def schedule(n_planner: int, n_trigger: int, config: WarmupConfig) -> list[str]:
 
 def split_policies(policies: MemoryPolicies) -> tuple[Any, nnx.State, nnx.State, nnx.State]:
     """(graphdef, trainable params, RNG state, everything else) of the policies."""
-    return nnx.split(policies, WARMUP_TRAINABLE, nnx.RngState, ...)
+    return nnx.split(policies, TRAINABLE, nnx.RngState, ...)
 
 
 # ----------------------------------------------------------------------------------------------- evaluation
@@ -479,25 +475,6 @@ DIVERGENCE_HINT = ("Lower config.warmup.learning_rate, or set config.divergence 
                    "last good state and goes on)")
 
 
-def _check_window(monitor: DivergenceMonitor, host: Sequence[tuple[str, Mapping[str, Any]]], first_step: int) -> bool:
-    """Feeds a window of steps (agent, host metrics) to the monitor, warning of skipped steps as they are read;
-    True when the window diverged and is to be rolled back (with action 'stop' a DivergenceError is raised)."""
-    for k, (agent, m) in enumerate(host):
-        f = StepFigures(first_step + k + 1, float(m["loss"]), bool(m["skipped"]), float(m["param_norm"]),
-                        float(m["update_norm"]))
-        if f.skipped:
-            logging.warning("warm-up: step %d (%s) skipped: non-finite loss, gradient or parameters (%d so far)",
-                            f.step, agent, monitor.skipped + 1)
-        reason = monitor.observe(f)
-        if reason is not None:
-            monitor.diverged(f, f"{reason} ({agent} step)", DIVERGENCE_HINT)
-            logging.warning("warm-up diverged at step %d: %s; rolled back to the state after step %d "
-                            "(rollback %d of at most %d)", f.step, reason, first_step, monitor.rollbacks,
-                            monitor.config.max_rollbacks)
-            return True
-    return False
-
-
 def warmup(
     config: WarmupConfig | ml_collections.ConfigDict | Mapping[str, Any],
     policies: MemoryPolicies,
@@ -541,7 +518,8 @@ def warmup(
         window.append((agent, metrics))
         if (i + 1) % config.log_every == 0 or i + 1 == len(order):
             host = jax.device_get(window)  # one transfer per window; the checks name the exact step
-            rolled_back = _check_window(monitor, host, i + 1 - len(host))
+            first = i + 1 - len(host)
+            rolled_back = check_window(monitor, host, first, DIVERGENCE_HINT, f"the state after step {first}")
             if rolled_back:
                 trainable, rng_state, opt_state, skipped = copy(good)
             elif good is not None:
@@ -566,5 +544,5 @@ def warmup(
                                      "data": {"manifest_files": data.manifest.get("files", {}),
                                               "backend": data.manifest.get("backend")}})
         result = dataclasses.replace(result, checkpoint=str(path))
-        (path / "metrics.json").write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n")
+        write_text_atomic(path / "metrics.json", json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n")
     return result

@@ -136,7 +136,7 @@ def test_train_mode_dropout_state_advances(tokenizer):
 
     @jax.jit
     def forward(params, rest):
-        local = jax.tree.map(lambda x: x, rest)  # Variables at this trace level, as `rl.update.ppo_step` does
+        local = jax.tree.map(lambda x: x, rest)  # Variables at this trace level, as `rl.ppo.ppo_step` does
         model = nnx.merge(graphdef, params, local)
         return trigger_forward(model, tokens, mask, cand), nnx.state(model, nnx.Not(nnx.Param))
 

@@ -16,7 +16,7 @@ from icml_jax.llm.prompts import unquote
 from icml_jax.memory import MemoryStore, NewFragment
 from icml_jax.memory_api import Memory
 from icml_jax.memory.writer import TurnToSave, save_turns
-from icml_jax.rl.learner import pooled_metrics, session_counts
+from icml_jax.data.labels import pooled_metrics, session_counts
 
 
 @pytest.mark.parametrize("answer, shown, note, picks", [

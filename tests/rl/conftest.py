@@ -24,7 +24,7 @@ from icml_jax.agents.tiny import (
     tiny_model_config,
     world_vocabulary,
 )
-from icml_jax.rl.update import PlannerItem, TriggerItem
+from icml_jax.rl.trajectory import PlannerItem, TriggerItem
 
 
 def randomize_trainable(policies: MemoryPolicies, seed: int = 0, scale: float = 0.3) -> None:

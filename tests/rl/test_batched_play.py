@@ -17,7 +17,8 @@ from icml_jax.llm.judges import ProxyJudge, QualityJudge
 from icml_jax.llm.offline import OfflineBackend
 from icml_jax.memory.store import MemoryStore
 from icml_jax.rl import OnlineLearner, evaluate
-from icml_jax.rl.learner import LearnerConfig, lockstep, user_groups
+from icml_jax.rl.learner import LearnerConfig
+from icml_jax.rl.rollout import lockstep, user_groups
 from tests.rl.conftest import randomize_trainable
 
 RUN = PersonaRunConfig()  # the learning test's settings: compiled programs are shared with it

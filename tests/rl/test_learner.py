@@ -201,7 +201,7 @@ def test_user_speaker_none_acts_at_every_turn_of_a_real_two_speaker_episode(tmp_
     from pathlib import Path
 
     from icml_jax.data.sources import parse_gapchat
-    from icml_jax.rl.learner import evaluate
+    from icml_jax.rl.heldout import evaluate
 
     fixture = Path(__file__).resolve().parents[1] / "data" / "fixtures" / "gapchat" / "test" / "4_session.json"
     episode = next(e for e in parse_gapchat(fixture) if e.episode_id == "gapchat-test-4-1")

@@ -241,7 +241,7 @@ def test_one_compilation_per_bucket_signature(persona_tokenizer):
 def test_runs_of_one_shape_train_in_chunks_as_step_by_step(lora_kit, monkeypatch, old_logp):
     """10 minibatches of one shape: one `ppo_steps` dispatch per 8 steps (and 2 single steps) gives the
     parameters, figures and LoRA dropout draws of 10 single steps, with either anchor of the ratio."""
-    from icml_jax.rl import update
+    from icml_jax.rl import updater as update  # where the updater looks up the step functions and the chunk size
 
     config = dataclasses.replace(CFG, epochs=2, old_logp=old_logp)
     batches = minibatches(lora_kit.vocab, sizes=(4,) * 10, seed=5)

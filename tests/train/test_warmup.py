@@ -20,7 +20,7 @@ from icml_jax.synthesis import SynthesisConfig, load_expert_data, synthesize
 from icml_jax.synthesis import default_config as synthesis_default_config
 from icml_jax.train import WarmupConfig, load_warmup, read_warmup_metadata, supervised, warmup
 from icml_jax.rl.divergence import DivergenceConfig, DivergenceError
-from icml_jax.train.checkpoint import flat_trainable
+from icml_jax.checkpoint import flat_trainable
 from tests.train.conftest import make_policies
 
 SEEDS = (0, 1, 2)
@@ -128,8 +128,8 @@ def test_value_loss_reaches_only_the_value_heads(world_tokenizer):
     for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
         critic = "critic" in jax.tree_util.keystr(path)
         assert np.all(np.asarray(g) == (1.0 if critic else 0.0)), jax.tree_util.keystr(path)
-    labels = jax.tree.leaves(supervised._groups(params))
-    assert labels.count("critic") == 4 and labels.count("policy") == len(labels) - 4
+    labels = jax.tree.leaves(supervised.param_groups(params))
+    assert labels.count("critic") == 4 and labels.count("actor") == len(labels) - 4
 
 
 def _scores(policies, tokenizer, data_dir):

@@ -8,13 +8,13 @@ from flax import nnx
 
 from icml_jax.memory.fragment import NewFragment, fragment_id_for
 from icml_jax.memory.store import MemoryStore
-from icml_jax.rl.checkpoint import (
+from icml_jax.checkpoint import (
     CheckpointError,
     RunCheckpointer,
     load_memory_state,
     memory_state,
-    policy_arrays,
-    restore_policy_arrays,
+    flat_arrays,
+    restore_arrays,
 )
 
 
@@ -172,20 +172,20 @@ class _Tiny(nnx.Module):
 def test_policy_arrays_round_trip_and_refuse_another_structure():
     src, dst = _Tiny(nnx.Rngs(0)), _Tiny(nnx.Rngs(1))
     src.dropout.rngs()  # advance the RNG stream: its count must travel too
-    params, rest = policy_arrays(nnx.state(src, nnx.Param)), policy_arrays(nnx.state(src, nnx.Not(nnx.Param)))
+    params, rest = flat_arrays(nnx.state(src, nnx.Param)), flat_arrays(nnx.state(src, nnx.Not(nnx.Param)))
     assert any(v.dtype == np.uint32 for v in rest.values())  # typed keys travel as their raw data
     for filt, arrays in ((nnx.Param, params), (nnx.Not(nnx.Param), rest)):
         target = nnx.state(dst, filt)
-        restore_policy_arrays(target, arrays, "test")
+        restore_arrays(target, arrays, "test")
         nnx.update(dst, target)
     for filt in (nnx.Param, nnx.Not(nnx.Param)):
-        a, b = policy_arrays(nnx.state(src, filt)), policy_arrays(nnx.state(dst, filt))
+        a, b = flat_arrays(nnx.state(src, filt)), flat_arrays(nnx.state(dst, filt))
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     bad = dict(params, **{"dense/kernel": np.zeros((2, 2), np.float32)})
-    before = policy_arrays(nnx.state(dst, nnx.Param))
+    before = flat_arrays(nnx.state(dst, nnx.Param))
     with pytest.raises(ValueError, match=r"test: missing \[\], unexpected \[\], mis-shaped \['dense/kernel'\]"):
-        restore_policy_arrays(nnx.state(dst, nnx.Param), bad, "test")
+        restore_arrays(nnx.state(dst, nnx.Param), bad, "test")
     with pytest.raises(ValueError, match=r"missing \['dense/bias'\]"):
-        restore_policy_arrays(nnx.state(dst, nnx.Param), {"dense/kernel": params["dense/kernel"]}, "test")
-    after = policy_arrays(nnx.state(dst, nnx.Param))
+        restore_arrays(nnx.state(dst, nnx.Param), {"dense/kernel": params["dense/kernel"]}, "test")
+    after = flat_arrays(nnx.state(dst, nnx.Param))
     assert all(np.array_equal(before[k], after[k]) for k in before)  # nothing written on a mismatch

@@ -1,7 +1,9 @@
-"""Orbax checkpoints of an online run, so a killed run resumes where its last complete checkpoint left it.
+"""The run checkpoint: Orbax checkpoints of an online run, so a killed run resumes where its last complete
+checkpoint left it.
 
 A checkpoint is one step directory `<dir>/<step>` (step = episodes seen) with two Orbax items: `arrays` (every
-array: policy parameters and RNG streams, optimizer state, the agent's key) and `state` (JSON: pending reward
+array, flat as `checkpoint.arrays` lays them out: policy parameters and RNG streams, optimizer state, the
+agent's key) and `state` (JSON: pending reward
 buffer, NumPy RNG state, counters, session log, every user's memory store, the data stream's position and the
 metrics file's length). Saves are asynchronous; Orbax writes into a temporary directory and renames it only
 once every item is on disk, so a kill mid-write leaves the previous checkpoint as the latest one.
@@ -17,60 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
-from flax import nnx
 
 from icml_jax import parallel
+from icml_jax.checkpoint.arrays import CheckpointError
 from icml_jax.memory.store import MemoryStore
 
 ARRAYS, STATE = "arrays", "state"
 logger = logging.getLogger(__name__)
-
-
-class CheckpointError(RuntimeError):
-    """No checkpoint of a run restores; the message lists each step with its error."""
-
-
-def _is_key(x: Any) -> bool:
-    return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
-
-
-def policy_arrays(state: nnx.State) -> dict[str, np.ndarray]:
-    """{'a/b/c': host array} of a state; typed PRNG keys (LoRA dropout streams) as their raw uint32 data."""
-    out = {}
-    for path, var in nnx.to_flat_state(state):
-        value = var.get_value()
-        if _is_key(value):
-            value = jax.random.key_data(value)
-        out["/".join(map(str, path))] = np.asarray(jax.device_get(value))
-    return out
-
-
-def restore_policy_arrays(state: nnx.State, arrays: Mapping[str, Any], where: str, *, check_only: bool = False) -> None:
-    """Writes `policy_arrays` output back into the variables of `state`; raises naming any mismatch first."""
-    flat = {"/".join(map(str, p)): v for p, v in nnx.to_flat_state(state)}
-    missing, unexpected = sorted(set(flat) - set(arrays)), sorted(set(arrays) - set(flat))
-
-    def shape(var: nnx.Variable) -> tuple[int, ...]:
-        value = var.get_value()
-        return np.shape(jax.random.key_data(value) if _is_key(value) else value)
-
-    bad = [k for k in flat if k in arrays and np.shape(arrays[k]) != shape(flat[k])]
-    if missing or unexpected or bad:
-        raise ValueError(f"{where}: missing {missing[:5]}, unexpected {unexpected[:5]}, mis-shaped {bad[:5]} "
-                         "(another backbone, LoRA or head configuration?)")
-    if check_only:
-        return
-    for key, var in flat.items():
-        current = var.get_value()
-        sharding = getattr(current, "sharding", None)
-        if _is_key(current):
-            value = jax.random.wrap_key_data(jnp.asarray(arrays[key]), impl=jax.random.key_impl(current))
-        else:
-            value = jnp.asarray(arrays[key], dtype=current.dtype)
-        var.set_value(jax.device_put(value, sharding) if sharding is not None else value)
 
 
 def memory_state(store: MemoryStore) -> dict[str, str]:
