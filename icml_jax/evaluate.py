@@ -165,7 +165,7 @@ def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
         from icml_jax.llm.judges import ProxyJudge, QualityJudge
         from icml_jax.rl.learner import OnlineLearner
         from icml_jax.runspec import RunSpec
-        from icml_jax.train.checkpoint import load_warmup
+        from icml_jax.checkpoint import load_warmup
 
         config = ctx.config
         spec = RunSpec.from_config(config)

@@ -98,7 +98,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
     check_checkpoint(config)
     init_from = (config.get("online") or {}).get("init_from")
     if init_from and "online" in stages:
-        from icml_jax.train.checkpoint import META_FILE
+        from icml_jax.checkpoint import META_FILE
 
         if "warmup" in stages:
             raise ConfigError("config.online.init_from starts the online stage from a saved policy, but config.mode "
