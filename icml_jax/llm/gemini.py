@@ -109,13 +109,6 @@ class GeminiBackend(RemoteBackend):
         super().__init__(config, api_key, sleep=sleep, rng=rng)
         self.config: GeminiConfig = config
 
-    def __repr__(self) -> str:
-        """Model, endpoint and concurrency; never the key."""
-        c = self.config
-        return f"GeminiBackend(model={c.model!r}, base_url={c.base_url!r}, max_concurrency={c.max_concurrency})"
-
-    __str__ = __repr__
-
     def close_client(self) -> None:
         """Closes the google-genai client."""
         self._client.close()

@@ -119,13 +119,6 @@ class OpenAIBackend(RemoteBackend):
         super().__init__(config, api_key, sleep=sleep, rng=rng)
         self.config: OpenAIConfig = config
 
-    def __repr__(self) -> str:
-        """Model, endpoint and concurrency; never the key."""
-        c = self.config
-        return f"OpenAIBackend(model={c.model!r}, base_url={c.base_url!r}, max_concurrency={c.max_concurrency})"
-
-    __str__ = __repr__
-
     def close_client(self) -> None:
         """Closes the openai client's connection pool."""
         self._client.close()

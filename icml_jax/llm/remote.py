@@ -9,6 +9,7 @@ logs or raises.
 
 from __future__ import annotations
 
+import abc
 import concurrent.futures as cf
 import dataclasses
 import logging
@@ -134,7 +135,7 @@ def retry_after_s(headers: Mapping[str, str] | None) -> float | None:
         return None
 
 
-class RemoteBackend:
+class RemoteBackend(abc.ABC):
     """Base of the HTTP back ends: bounded concurrency, counted and logged retries, per-attempt timeouts.
 
     Subclasses set `name`, build their client, call `__init__` with the key (to scrub it from messages) and
@@ -180,6 +181,14 @@ class RemoteBackend:
             self.close_client()
         except Exception:  # closing is best effort
             pass
+
+    def __repr__(self) -> str:
+        """The back end's class, model, endpoint and concurrency; never the key."""
+        c = self.config
+        return (f"{type(self).__name__}(model={c.model!r}, base_url={c.base_url!r}, "
+                f"max_concurrency={c.max_concurrency})")
+
+    __str__ = __repr__
 
     def __enter__(self) -> RemoteBackend:
         """The back end itself, closed when the block ends."""
@@ -230,26 +239,26 @@ class RemoteBackend:
 
     # -- hooks -------------------------------------------------------------------------------------
 
+    @abc.abstractmethod
     def prepare(self, request: LLMRequest) -> Any:
         """What every attempt of `request` sends (built once per request)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def send(self, prepared: Any, timeout_s: float) -> Any:
         """One HTTP attempt with a `timeout_s` deadline: the raw answer, or an exception (a malformed answer
         raises here too, so that `classify` can have it retried)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def classify(self, exc: BaseException, timeout_s: float) -> tuple[bool, str]:
         """(retryable, short description) of an exception raised by an attempt that had `timeout_s`."""
-        raise NotImplementedError
 
     def retry_hint_s(self, exc: BaseException) -> float | None:
         """The wait a failed attempt's server suggested (Retry-After), if any."""
         return None
 
+    @abc.abstractmethod
     def to_response(self, request: LLMRequest, raw: Any, attempts: int, latency_s: float) -> LLMResponse:
         """The LLMResponse of a raw answer that `send` returned, its tokens counted in `meter`."""
-        raise NotImplementedError
 
     def close_client(self) -> None:
         """Closes the SDK client."""

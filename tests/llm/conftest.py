@@ -11,10 +11,12 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
+
+from tests.llm.loopback import loopback_server
 
 TEST_KEY = "AIzaTEST-sekrit-0123456789abcdef"
 _PATH = re.compile(r"^/(v1|v1beta|v1alpha)/models/([^/:]+):generateContent$")
@@ -185,17 +187,8 @@ def _handler(state: FakeGemini) -> type[BaseHTTPRequestHandler]:
 def fake_gemini() -> Iterator[FakeGemini]:
     """A running loopback Gemini server (127.0.0.1 only), stopped after the test."""
     state = FakeGemini()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    server.daemon_threads = True
-    state.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+    with loopback_server(_handler(state)) as state.port:
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 @pytest.fixture

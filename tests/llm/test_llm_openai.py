@@ -13,7 +13,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -23,6 +23,7 @@ from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
 from icml_jax.llm.gemini import GeminiBackend, GeminiConfig
 from icml_jax.llm.openai_compat import NO_KEY, OpenAIBackend, OpenAIConfig
 from icml_jax.llm.registry import check_backend, make_backend
+from tests.llm.loopback import loopback_server
 
 MODEL = "gpt-test-model"
 KEY = "sk-test-SEKRIT-0123456789abcdef"
@@ -185,17 +186,8 @@ def _handler(state: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
 def fake_openai() -> Iterator[FakeOpenAI]:
     """A running loopback OpenAI-compatible server (127.0.0.1 only), stopped after the test."""
     state = FakeOpenAI()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    server.daemon_threads = True
-    state.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+    with loopback_server(_handler(state)) as state.port:
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 @pytest.fixture
