@@ -90,6 +90,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.rl.ppo.max_grad_norm = placeholder(float)
     config.rl.ppo.max_grad_norm = PPOConfig().max_grad_norm
     config.rl.ppo.value_clip = placeholder(float)
+    config.rl.ppo.lora_lr = placeholder(float)
     config.warmup.gamma = config.rl.ppo.get_ref("gamma")
     # the online loop: update_every (episodes per PPO update), users_in_flight (episodes played in lockstep, their
     # decisions batched; divides update_every), fresh_memory (LearnerConfig); the agent's reply_temperature,

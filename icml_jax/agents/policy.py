@@ -322,9 +322,12 @@ def trigger_act(graphdef, state, tokens, mask, cand_mask, key, *, greedy: bool =
     return action, categorical_stats(logits, action, cand_mask, value)
 
 
-def trainable_group(path: str) -> str:
-    """'critic' for a value head's parameter, 'actor' for any other trainable one, by its '/'-joined path."""
-    return "critic" if path.split("/", 1)[0] in CRITIC_HEADS else "actor"
+def trainable_group(path: str, split_adapters: bool = False) -> str:
+    """'critic' for a value head's parameter, 'actor' for any other trainable one, by its '/'-joined path;
+    with `split_adapters` LoRA adapters are 'adapter' (their own learning rate, `PPOConfig.lora_lr`)."""
+    if path.split("/", 1)[0] in CRITIC_HEADS:
+        return "critic"
+    return "adapter" if split_adapters and "_lora_" in path.rsplit("/", 1)[-1] else "actor"
 
 
 def param_labels(policies: MemoryPolicies) -> nnx.State:

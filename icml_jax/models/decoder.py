@@ -242,6 +242,9 @@ class Decoder(nnx.Module):
         # built layer by layer (the same random values as separate blocks), then stacked for the scan
         self.layers = stack_blocks([Block(c, dtype, rngs) for _ in range(c.num_layers)])
         self.final_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_plus_one, dtype)
+        # layers [0, frozen_layers) pass no gradient (their parameters, adapters included, and their output are
+        # stop-gradient): a backward pass stops at the first trained layer (`LoraConfig.layers` sets it)
+        self.frozen_layers = 0
         if not c.tie_embeddings:
             self.lm_head = _param(rngs, (c.hidden_size, c.vocab_size), (EMBED, VOCAB), dtype, c.hidden_size**-0.5)
 
@@ -337,11 +340,16 @@ class Decoder(nnx.Module):
                 mutated.append(True)
             return x, new_rest, new_kv
 
+        frozen = self.frozen_layers
         if layers is not None:
             ks, vs = (None, None) if cache is None else (list(cache.k), list(cache.v))
             for i, layer_params in enumerate(layers):
                 layer_cache = None if cache is None else (ks[i], vs[i])
+                if i < frozen:
+                    layer_params = jax.lax.stop_gradient(layer_params)
                 x, rest, new_kv = run_layer(x, rest, layer_params, flags[i], layer_cache)
+                if i == frozen - 1:
+                    x = jax.lax.stop_gradient(x)
                 if cache is not None:
                     ks[i] = jax.lax.dynamic_update_slice(ks[i], new_kv[0], (0, index, 0, 0))
                     vs[i] = jax.lax.dynamic_update_slice(vs[i], new_kv[1], (0, index, 0, 0))
@@ -364,7 +372,16 @@ class Decoder(nnx.Module):
 
             cache_kv = None if cache is None else (cache.k, cache.v)
             xs = (params, jnp.asarray(flags), jnp.arange(c.num_layers))
+            if 0 < frozen < c.num_layers:  # two scans: the frozen bottom, then the layers a gradient reaches
+                bottom = jax.lax.stop_gradient(jax.tree.map(lambda a: a[:frozen], xs))
+                (x, rest, cache_kv), _ = jax.lax.scan(body, (x, rest, cache_kv), bottom)
+                x = jax.lax.stop_gradient(x)
+                xs = jax.tree.map(lambda a: a[frozen:], xs)
+            elif frozen:
+                xs = jax.lax.stop_gradient(xs)
             (x, rest, cache_kv), _ = jax.lax.scan(body, (x, rest, cache_kv), xs)
+            if frozen >= c.num_layers:
+                x = jax.lax.stop_gradient(x)
         if mutated:
             nnx.update(self.layers, rest)
         return x, cache_kv

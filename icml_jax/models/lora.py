@@ -33,6 +33,7 @@ import ml_collections
 import qwix
 from flax import nnx
 from jax.sharding import Mesh
+from ml_collections.config_dict import placeholder
 from qwix._src.core import einsum_info
 from qwix._src.providers import lora as qwix_lora
 from qwix._src.providers import ptq
@@ -58,18 +59,27 @@ FROZEN = nnx.All(nnx.Param, nnx.Not(TRAINABLE))
 
 @dataclasses.dataclass(frozen=True)
 class LoraConfig:
-    """Adapter shape and regularisation; defaults are the paper's: rank 8, alpha 16, dropout 0.1, all projections."""
+    """Adapter shape and regularisation; defaults are the paper's: rank 8, alpha 16, dropout 0.1, all projections.
+
+    `layers`: train the adapters of the top `layers` layers only (None: every layer, the paper's; 0: none, heads
+    only), as PEFT's `layers_to_transform` does for the last layers. Every layer keeps its adapters (the file
+    layout does not change); below the top ones they stay at their zero start and no backward pass reaches them.
+    """
 
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.1
     target_modules: tuple[str, ...] = PROJECTIONS
+    layers: int | None = None
 
     def __post_init__(self) -> None:
         if self.rank < 1:
             raise ValueError(f"LoRA rank must be >= 1, got {self.rank}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
+        if self.layers is not None and (isinstance(self.layers, bool) or not isinstance(self.layers, int)
+                                        or self.layers < 0):
+            raise ValueError(f"LoRA layers must be None (all) or an int >= 0, got {self.layers!r}")
         names = tuple(_HF_ALIASES.get(t, t) for t in self.target_modules)
         bad = [t for t in names if t not in PROJECTIONS]
         if bad or not names:
@@ -85,7 +95,8 @@ class LoraConfig:
 
     @classmethod
     def from_config(cls, block: Mapping[str, Any] | None) -> "LoraConfig":
-        """From a config block with fields rank, alpha, dropout, target_modules (missing ones keep defaults)."""
+        """From a config block with fields rank, alpha, dropout, target_modules, layers (missing ones keep
+        defaults: adapter files written before `layers` existed read as every layer)."""
         block = dict(block or {})
         unknown = set(block) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
@@ -100,8 +111,10 @@ class LoraConfig:
 
 
 def default_config() -> ml_collections.ConfigDict:
-    """The `lora` config block with the paper's defaults."""
-    return ml_collections.ConfigDict(LoraConfig().to_dict())
+    """The `lora` config block with the paper's defaults (`layers` an int placeholder: settable from a flag)."""
+    block = ml_collections.ConfigDict(LoraConfig().to_dict())
+    block.layers = placeholder(int)
+    return block
 
 
 @contextlib.contextmanager
@@ -288,13 +301,15 @@ def apply_lora(
     stacked over layers like the block's weights and created on `mesh` (default: the mesh the base parameters
     live on) following their base weights; base arrays are shared with `model`, not copied. The result is in
     eval mode (dropout off): call `.train()` before an update step and `.eval()` for rollouts and scoring.
-    `seed` drives adapter init and dropout.
+    `seed` drives adapter init and dropout. With `lora.layers` set, the layers below the top ones pass no gradient.
     """
     lora = lora or LoraConfig()
     provider = _Provider(lora)
     mesh = mesh or parallel.model_mesh(model)
     per_layer = _layer_adapters(model, provider)
     num_layers = model.config.num_layers
+    if lora.layers is not None and lora.layers > num_layers:
+        raise ValueError(f"apply_lora: LoRA layers {lora.layers} exceeds the model's {num_layers} layers")
 
     def build(m):
         out = qwix.apply_lora_to_model(m, provider, jnp.zeros((1, 1), jnp.int32), rngs=nnx.Rngs(0),
@@ -309,6 +324,7 @@ def apply_lora(
         for _, sub in nnx.iter_modules(out):
             sub.deterministic = True
         out.lora_config = lora  # static: read by save_adapters / load_adapters
+        out.frozen_layers = 0 if lora.layers is None else num_layers - lora.layers
         return out
 
     with _quiet_qwix():

@@ -111,6 +111,8 @@ class PPOConfig:
     and values recorded when each action was sampled, i.e. under the behaviour policy, which for a decision
     whose reward arrived episodes later is an older policy; "recompute": each minibatch's own first-epoch
     forward (ratio exactly 1 in epoch 0, so nothing is clipped until epoch 1).
+    `lora_lr`: the LoRA adapters' learning rate when it should differ from the heads' (None: `actor_lr` for both,
+    the paper's one actor learning rate; the heads are ours, new and randomly initialised).
     `update_dropout`: LoRA dropout in the update's forward. Off by default: rollouts score with dropout off,
     so the update's log-probabilities are then comparable with the recorded ones (with it on, dropout noise
     enters the "rollout" ratio).
@@ -131,6 +133,7 @@ class PPOConfig:
     value_clip: float | None = None
     old_logp: str = "rollout"
     update_dropout: bool = False
+    lora_lr: float | None = None
 
     def __post_init__(self) -> None:
         """Reject out-of-range settings, naming the field."""
@@ -153,6 +156,10 @@ class PPOConfig:
         for name in ("value_coef", "entropy_coef", "actor_lr", "critic_lr", "weight_decay"):
             if getattr(self, name) < 0:
                 raise ValueError(f"PPOConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.lora_lr is not None:
+            _check_finite("PPOConfig", lora_lr=self.lora_lr)
+            if self.lora_lr < 0:
+                raise ValueError(f"PPOConfig.lora_lr must be >= 0 or None, got {self.lora_lr}")
         for name in ("max_grad_norm", "value_clip"):
             value = getattr(self, name)
             if value is not None:

@@ -2,7 +2,8 @@
 frozen weights, global or per-group norm clipping), the parameter labelling, and the NaN guard.
 
 Labels: every parameter leaf is labelled "actor" (LoRA adapters, policy heads: lr `actor_lr`), "critic"
-(value heads: lr `critic_lr`) or "frozen" (backbone: never changes, no optimizer state). Frozen gradients are
+(value heads: lr `critic_lr`), "adapter" (LoRA adapters when they get a learning rate of their own,
+`adapter_lr`) or "frozen" (backbone: never changes, no optimizer state). Frozen gradients are
 zeroed *before* the global norm is taken, so a large backbone gradient cannot shrink the adapters' step.
 """
 
@@ -19,8 +20,8 @@ from flax import nnx
 
 from icml_jax.rl.config import PPOConfig
 
-ACTOR, CRITIC, FROZEN = "actor", "critic", "frozen"
-LABELS: tuple[str, ...] = (ACTOR, CRITIC, FROZEN)
+ACTOR, CRITIC, ADAPTER, FROZEN = "actor", "critic", "adapter", "frozen"
+LABELS: tuple[str, ...] = (ACTOR, CRITIC, ADAPTER, FROZEN)
 
 PyTree = Any
 LabelSpec = PyTree | Callable[[PyTree], PyTree]
@@ -36,6 +37,8 @@ class OptimizerSettings:
     clip: "global" (the PPO update) zeroes frozen gradients, then clips all of them by one global norm;
     "per_group" (the warm-up) clips the actor and the critic groups each by its own norm, so the value
     regression's large gradients cannot shrink the policies' steps. `max_grad_norm` None: no clipping.
+    `adapter_lr`: the learning rate of leaves labelled "adapter" (None: `actor_lr`; Adam is per leaf, so an
+    "adapter" leaf then moves exactly as an "actor" one would).
     """
 
     actor_lr: float
@@ -43,6 +46,7 @@ class OptimizerSettings:
     weight_decay: float = 0.0
     max_grad_norm: float | None = None
     clip: str = "global"
+    adapter_lr: float | None = None
 
     def __post_init__(self) -> None:
         """Rejects an unknown clipping mode, naming it."""
@@ -54,7 +58,8 @@ class OptimizerSettings:
         """The settings of a PPO config (global clipping); settings pass through."""
         if isinstance(config, OptimizerSettings):
             return config
-        return cls(config.actor_lr, config.critic_lr, config.weight_decay, config.max_grad_norm, "global")
+        return cls(config.actor_lr, config.critic_lr, config.weight_decay, config.max_grad_norm, "global",
+                   config.lora_lr)
 
 
 def make_optimizer(config: PPOConfig | OptimizerSettings, param_labels: LabelSpec) -> optax.GradientTransformation:
@@ -62,10 +67,11 @@ def make_optimizer(config: PPOConfig | OptimizerSettings, param_labels: LabelSpe
     moves and holds no optimizer state), clipped as `OptimizerSettings.clip` says. A PPOConfig means its
     settings: zero frozen grads -> clip by global norm -> multi_transform(actor Adam(W), critic Adam(W)).
 
-    `param_labels` is a pytree matching the parameters with leaves in {"actor", "critic", "frozen"}, or a
-    function params -> such a pytree (as `optax.multi_transform` accepts). Labels that never occur are fine.
+    `param_labels` is a pytree matching the parameters with leaves in `LABELS`, or a function params -> such a
+    pytree (as `optax.multi_transform` accepts). Labels that never occur are fine.
     """
     c = OptimizerSettings.of(config)
+    adapter_lr = c.actor_lr if c.adapter_lr is None else c.adapter_lr
 
     def adam(lr: float) -> optax.GradientTransformation:
         return optax.adamw(lr, weight_decay=c.weight_decay) if c.weight_decay else optax.adam(lr)
@@ -75,13 +81,15 @@ def make_optimizer(config: PPOConfig | OptimizerSettings, param_labels: LabelSpe
             return optax.chain(optax.clip_by_global_norm(c.max_grad_norm), adam(lr)) if c.max_grad_norm else adam(lr)
 
         return optax.multi_transform({ACTOR: group(c.actor_lr), CRITIC: group(c.critic_lr),
-                                      FROZEN: optax.set_to_zero()}, param_labels)
+                                      ADAPTER: group(adapter_lr), FROZEN: optax.set_to_zero()}, param_labels)
     zero_frozen = optax.multi_transform(
-        {ACTOR: optax.identity(), CRITIC: optax.identity(), FROZEN: optax.set_to_zero()}, param_labels
+        {ACTOR: optax.identity(), CRITIC: optax.identity(), ADAPTER: optax.identity(),
+         FROZEN: optax.set_to_zero()}, param_labels
     )
     clip = optax.clip_by_global_norm(c.max_grad_norm) if c.max_grad_norm is not None else optax.identity()
     per_group = optax.multi_transform(
-        {ACTOR: adam(c.actor_lr), CRITIC: adam(c.critic_lr), FROZEN: optax.set_to_zero()}, param_labels
+        {ACTOR: adam(c.actor_lr), CRITIC: adam(c.critic_lr), ADAPTER: adam(adapter_lr),
+         FROZEN: optax.set_to_zero()}, param_labels
     )
     return optax.chain(zero_frozen, clip, per_group)
 

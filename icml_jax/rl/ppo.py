@@ -49,11 +49,13 @@ def step_config(config: PPOConfig) -> PPOConfig:
 
 @functools.lru_cache(maxsize=None)
 def joint_optimizer(config: PPOConfig) -> optax.GradientTransformation:
-    """The optimizer of the TRAINABLE state: actor lr for adapters and policy heads, critic lr for value heads.
+    """The optimizer of the TRAINABLE state: actor lr for adapters and policy heads (`lora_lr` for the adapters
+    when set), critic lr for value heads.
 
     Cached per config so that equal configs give the identical transformation (and one compiled step).
     """
-    return make_optimizer(config, lambda params: label_params(params, trainable_group))
+    group = functools.partial(trainable_group, split_adapters=config.lora_lr is not None)
+    return make_optimizer(config, lambda params: label_params(params, group))
 
 
 def joint_loss(

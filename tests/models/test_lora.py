@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import torch
 import transformers
@@ -249,3 +251,56 @@ def test_the_adapter_product_and_its_hand_written_gradients_equal_the_three_oper
     for got, want in zip(ours, ref, strict=True):
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def _adapter_grads(model, ids, mask, *, unrolled: bool):
+    """The next-token loss's gradient w.r.t. every adapter (dotted path -> array) and what its backward runs: the
+    lengths of the scans in the gradient's jaxpr (scanned layers) or XLA's FLOP count (unrolled layers)."""
+    graphdef, trainable, rest = nnx.split(model, lora.TRAINABLE, ...)
+
+    def loss(train):
+        m = nnx.merge(graphdef, train, rest)
+        out = m(ids, attention_mask=mask, layers=m.unstacked_layers() if unrolled else None).logits[:, :-1]
+        ce = optax.softmax_cross_entropy_with_integer_labels(out, ids[:, 1:])
+        return jnp.sum(ce * mask[:, 1:]) / jnp.sum(mask[:, 1:])
+
+    grad = jax.jit(jax.grad(loss))
+    if unrolled:
+        cost = grad.lower(trainable).compile().cost_analysis()
+        work = (cost[0] if isinstance(cost, list) else cost)["flops"]
+    else:
+        work = [e.params["length"] for e in jax.make_jaxpr(grad)(trainable).jaxpr.eqns[0].params["jaxpr"].eqns
+                if e.primitive.name == "scan"]
+    grads = {".".join(map(str, p)): np.asarray(v.get_raw_value()) for p, v in nnx.to_flat_state(grad(trainable))}
+    return grads, work
+
+
+@pytest.mark.parametrize("unrolled", [False, True], ids=["scan", "unrolled"])
+def test_adapters_of_the_top_layers_only_train_and_the_backward_stops_there(checkpoints, unrolled):
+    base = from_pretrained(checkpoints["llama"])  # 3 layers
+    full = lora.apply_lora(base, SMALL, seed=1)
+    top = lora.apply_lora(base, dataclasses.replace(SMALL, layers=1), seed=1)
+    for m in (full, top):
+        H.randomize_adapters(m, seed=2)
+    assert (full.frozen_layers, top.frozen_layers) == (0, 2)
+    ids, mask = (jnp.asarray(a) for a in H.token_batch())
+    np.testing.assert_array_equal(logits(full, ids, mask), logits(top, ids, mask))  # the forward is the same
+    g_full, work_full = _adapter_grads(full, ids, mask, unrolled=unrolled)
+    g_top, work_top = _adapter_grads(top, ids, mask, unrolled=unrolled)
+    for key, value in g_full.items():
+        np.testing.assert_array_equal(g_top[key][:2], 0.0, err_msg=key)  # the frozen bottom: exactly nothing
+        np.testing.assert_allclose(g_top[key][2], value[2], rtol=1e-4, atol=1e-5 * np.abs(value).max(), err_msg=key)
+    if unrolled:  # the backward runs through one layer of three: forward F + backward ~2F/3 against 3F
+        assert work_top < 0.75 * work_full, (work_top, work_full)
+    else:  # forward over 3 layers and backward over 3, against forward over 2 then 1 and backward over 1
+        assert (work_full, work_top) == ([3, 3], [2, 1, 1])
+
+
+def test_lora_layers_validate(checkpoints):
+    assert lora.LoraConfig.from_config({}).layers is None  # adapter files without the field: every layer
+    assert lora.LoraConfig.from_config({"layers": 0}).layers == 0
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="LoRA layers must be None"):
+            lora.LoraConfig(layers=bad)
+    with pytest.raises(ValueError, match="exceeds the model's 3 layers"):
+        lora.apply_lora(from_pretrained(checkpoints["llama"]), lora.LoraConfig(layers=4))

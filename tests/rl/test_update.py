@@ -128,9 +128,10 @@ def test_rollout_anchor_needs_the_rollout_statistics(lora_kit):
         updater.run(minibatches(lora_kit.vocab, sizes=(4,)), np.random.default_rng(0))
 
 
-def test_gradients_reach_only_adapters_and_heads_with_the_right_learning_rate(lora_kit):
+@pytest.mark.parametrize("lora_lr", [None, 1e-4], ids=["one_actor_lr", "own_lora_lr"])
+def test_gradients_reach_only_adapters_and_heads_with_the_right_learning_rate(lora_kit, lora_lr):
     policies = lora_kit.clone()
-    updater = JointUpdater(policies, CFG)
+    updater = JointUpdater(policies, dataclasses.replace(CFG, lora_lr=lora_lr))
     frozen_before, trainable_before = flat(nnx.state(policies, FROZEN)), flat(nnx.state(policies, TRAINABLE))
     assert any("lora" in k for k in trainable_before) and any(k.startswith("trigger_match") for k in trainable_before)
     assert not set(frozen_before) & set(trainable_before)
@@ -143,6 +144,8 @@ def test_gradients_reach_only_adapters_and_heads_with_the_right_learning_rate(lo
     groups = set()
     for key, value in trainable_before.items():
         lr = CRITIC_LR if trainable_group(key) == "critic" else ACTOR_LR
+        if lora_lr is not None and trainable_group(key, split_adapters=True) == "adapter":
+            lr = lora_lr  # a factor 10 below the heads' actor lr
         groups.add((trainable_group(key), "lora" in key))
         step = np.abs(trainable_after[key] - value)
         assert step.max() <= lr * 1.001, f"{key} moved {step.max()} > lr {lr}"
