@@ -59,6 +59,10 @@ def get_config() -> ml_collections.ConfigDict:
         world=persona_world_config(),  # the persona world (name == "persona_world")
         train_episodes=250,
         eval_episodes=50,
+        # real data: False plays each episode without its final session (the evaluation's target, so nothing
+        # the evaluation scores ever trains the policy); True plays it too (the evaluation then refuses a policy
+        # that trained on an evaluated episode's final session)
+        train_final_sessions=False,
     ))
     config.model = ml_collections.ConfigDict(dict(
         kind="pretrained",  # pretrained: a local HF directory at `path`; tiny: a random decoder (demo, tests)

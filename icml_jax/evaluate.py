@@ -4,7 +4,8 @@
     python -m icml_jax.evaluate --config=configs/cc.py --workdir=DIR --checkpoint=DIR/warmup
 
 The policy is `<workdir>/policy` (else the warm-up checkpoint) or `--checkpoint`; greedy decisions, no
-learning. The episodes: the persona world's held-out ones (`config.data.eval_episodes`), or the protocol's 50
+learning. A policy that trained on an evaluated episode's final session is refused before anything is played
+(`evaluation.leakage`), and results.json records which episodes trained it. The episodes: the persona world's held-out ones (`config.data.eval_episodes`), or the protocol's 50
 of a real dataset (`config.eval`: seeded draw or THEANINE's ids). Every back-end answer is cached in
 `<workdir>/eval/cache.sqlite`, so a rerun or a resumed crash asks nothing twice. Reply metrics so far: BLEU-4,
 ROUGE-L and the judge's five dimensions (`config.llm.judge`; the offline judge is an oracle that reads labels);
@@ -166,6 +167,7 @@ def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
         from icml_jax.rl.learner import OnlineLearner
         from icml_jax.runspec import RunSpec
         from icml_jax.checkpoint import load_warmup
+        from icml_jax.evaluation.leakage import training_record
 
         config = ctx.config
         spec = RunSpec.from_config(config)
@@ -184,7 +186,7 @@ def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
             agent = PolicyAgent(MemoryAgent(policies, ctx.tokenizer, ctx.store, ctx.generator,
                                             config=dataclasses.replace(spec.agent, greedy=True), seed=int(config.seed),
                                             policy_version=str(meta.get("policy_version", ckpt.name))))
-        return agent, {"checkpoint": str(ckpt)}
+        return agent, {"checkpoint": str(ckpt), "training": training_record(ckpt, meta)}
 
     return build
 
@@ -208,6 +210,7 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     from icml_jax.data.stream import user_speaker
     from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
     from icml_jax.evaluation.judging import judge_targets, proxy_truth_correlation
+    from icml_jax.evaluation.leakage import check_no_leak
     from icml_jax.evaluation.pairwise import compare, write_pairwise
     from icml_jax.evaluation.protocol import play
     from icml_jax.evaluation.report import TARGETS_JSONL, write_outputs
@@ -245,6 +248,8 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
             agent, provenance = factory(EvalContext(config, workdir, generator, judge_backend, store, tokenizer,
                                                     count))
             agent.name = system
+            if "training" in provenance:  # before anything is played: a leaking policy is refused up front
+                check_no_leak(provenance["training"], episodes, str(provenance.get("checkpoint", system)))
             learn = bool((config.get("eval") or {}).get("learn", False))
             failed: list[dict[str, str]] | None = None if learn else []  # a learner cannot skip half an episode
             results = play(agent, episodes, user_speaker=user_speaker(config), count_tokens=count,

@@ -353,6 +353,36 @@ def test_smollm2_demo_config_uses_the_fetched_model_for_policies_and_replies(tmp
         load_config("demo_smollm2", "big")
 
 
+def test_real_backbone_learning_config_arms_differ_only_in_backbone_and_writer(tmp_path):
+    """configs/learn_smollm2.py: every arm plays the same 48 + 16 episodes with the same observation, expert
+    data and oracle judge; backbone arms train LoRA on the top layers at the config's rates, tiny arms keep the
+    demo's heads-only rates; `_writer` arms write with SmolLM2, the others offline."""
+    from icml_jax.models.fetch import is_converted, model_dir
+
+    arms = {arm: load_config("learn_smollm2", arm) for arm in ("smollm2", "smollm2_writer", "gemma3", "tiny",
+                                                                "tiny_writer")}
+    ref, demo = arms["smollm2"], load_config("demo")
+    assert (ref.data.train_episodes, ref.data.eval_episodes) == (48, 16)
+    smollm2, gemma = str(model_dir("smollm2-135m-instruct")), str(model_dir("gemma3-270m"))
+    for name, arm in arms.items():
+        assert arm.data.to_dict() == ref.data.to_dict() and arm.observation == ref.observation, name
+        assert arm.synthesis.to_dict() == ref.synthesis.to_dict() and arm.llm.judge.kind == "offline", name
+        assert arm.llm.generator.kind == ("local" if name.endswith("_writer") else "offline"), name
+        if name.endswith("_writer"):
+            assert arm.llm.generator.model_dir == smollm2
+        if name.startswith("tiny"):
+            assert arm.model.kind == "tiny" and arm.rl.ppo.to_dict() == dict(demo.rl.ppo.to_dict(), epochs=2)
+        else:
+            assert arm.model.path == (gemma if name == "gemma3" else smollm2) and arm.lora.layers == 4
+            assert (arm.rl.ppo.actor_lr, arm.rl.ppo.critic_lr, arm.rl.ppo.lora_lr) != (demo.rl.ppo.actor_lr,
+                                                                                        demo.rl.ppo.critic_lr, None)
+    for name, source in (("smollm2", "smollm2-135m-instruct"), ("gemma3", "gemma3-270m")):
+        if is_converted(arms[name].model.path, source):
+            assert job.validate(arms[name], tmp_path / name) == ("synthesize", "warmup", "online")
+    with pytest.raises(ValueError, match="unknown arm 'big'"):
+        load_config("learn_smollm2", "big")
+
+
 def test_pretrained_checkpoint_passes_checks_and_builds(tmp_path):
     from icml_jax.agents import tiny
     from tests.models import hf_fixtures as F
@@ -429,6 +459,29 @@ def test_gc_config_learns_online_on_built_gapchat_data(tmp_path):
     assert all(c in content["memory"] for c in TABLE8) and content["memory"]["proxy_truth"]["saves"] >= 0
     assert content["memory"]["trigger_recall"] is None  # GapChat has no y_t labels: not measurable, not 0
     assert (tmp_path / "work" / ev.EVAL_DIR / "results.md").is_file()
+
+    # no train/test leak: every played episode went without its final session, and results.json says which
+    # episodes trained the evaluated policy
+    full = {e.episode_id: len(e.sessions) for e in episodes}
+    assert all(r["episode/sessions"] == full[r["episode/id"]] - 1 for r in episodes_rows(rows))
+    training = content["setting"]["training"]
+    assert training["verified"] and training["online_episodes"] == 3
+    assert training["episodes"] == {r["episode/id"]: r["episode/sessions"] for r in episodes_rows(rows)}
+    # the old protocol (final sessions played online) trains on what the evaluation scores: refused up front
+    from icml_jax.evaluation.leakage import TrainTestLeak
+
+    config.data.train_final_sessions = True
+    job.run(config, tmp_path / "leaky", out=io.StringIO())
+    leaky = [r for r in episodes_rows(read_metrics(tmp_path / "leaky"))]
+    assert all(r["episode/sessions"] == full[r["episode/id"]] for r in leaky)
+    with pytest.raises(TrainTestLeak, match=f"trained on the final session of {len({r['episode/id'] for r in leaky})} "
+                                            "of the 4 evaluated episodes"):
+        ev.evaluate_workdir(config, tmp_path / "leaky")
+
+
+def episodes_rows(rows: list[dict]) -> list[dict]:
+    """The online stage's per-episode rows of a run's metrics."""
+    return [r for r in rows if r["stage"] == "online" and "episode/turns" in r]
 
 
 def test_crashes_in_the_evaluations_resume_to_the_same_run(tmp_path, monkeypatch):

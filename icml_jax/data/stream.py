@@ -10,11 +10,14 @@
   JAX processes with equal shards, reshuffled every epoch), cut at ``config.data.train_episodes`` episodes
   per process. A split smaller than that repeats: epoch after epoch, each a new permutation. The agent acts
   at every turn (``user_speaker`` None), as the evaluation protocol has it for online learning
-  (shared/docs/datasets.md). Held-out: none, see ``held_out_episodes``.
+  (shared/docs/datasets.md). Each episode is played without its final session (``history_sessions``): the final
+  session is the evaluation's target, so no policy ever learns from a reply the evaluation scores (test-time
+  adaptation; ``config.data.train_final_sessions`` True plays it too, and the evaluation then refuses a policy
+  that trained on an evaluated episode's final session). Held-out: none, see ``held_out_episodes``.
 
 ``get_state()`` is a small JSON-safe dict taken between episodes; ``set_state`` on a fresh stream built from
 the same config continues at the same episode. It checks the state belongs to this stream (kind, world,
-TFDS name, split, seed, shards, split size) and raises ValueError naming the field that differs.
+TFDS name, split, seed, shards, split size, final sessions) and raises ValueError naming the field that differs.
 ``train_episodes`` may change between the two (a run extended or shortened) as long as the saved position
 is not past the new end.
 """
@@ -165,7 +168,8 @@ class TfdsEpisodeStream(EpisodeStream):
     """
 
     def __init__(self, kind: str, tfds_name: str, split: str, *, data_dir: str | os.PathLike[str], seed: int,
-                 total: int, shard_index: int | None = None, shard_count: int | None = None) -> None:
+                 total: int, shard_index: int | None = None, shard_count: int | None = None,
+                 final_sessions: bool = False) -> None:
         from icml_jax.data.pipeline import ShardSpec, tfds_source, train_pipeline
 
         source = tfds_source(tfds_name, split, data_dir=data_dir)
@@ -176,7 +180,9 @@ class TfdsEpisodeStream(EpisodeStream):
                              f"{spec.count} JAX processes that share it: every shard would be empty")
         self.total, self.yielded = int(total), 0
         self._identity = {"kind": kind, "tfds_name": tfds_name, "split": split, "seed": int(seed),
-                          "shard": [spec.index, spec.count], "split_size": size}
+                          "shard": [spec.index, spec.count], "split_size": size,
+                          "final_sessions": bool(final_sessions)}  # a run cannot switch protocols mid-way
+        self.final_sessions = bool(final_sessions)
         self._dataset = train_pipeline(source, seed=int(seed), num_epochs=None, shard_index=spec.index,
                                        shard_count=spec.count)
         self._it = iter(self._dataset)
@@ -192,7 +198,7 @@ class TfdsEpisodeStream(EpisodeStream):
             raise StopIteration
         episode = next(self._it)
         self.yielded += 1
-        return episode
+        return episode if self.final_sessions else history_sessions(episode)
 
     def get_state(self) -> dict[str, Any]:
         return {**self._identity, "yielded": self.yielded, "total": self.total,
@@ -207,6 +213,15 @@ class TfdsEpisodeStream(EpisodeStream):
             raise ValueError(f"{where}.set_state: 'grain' must be the Grain iterator's state dict, got {grain_state!r}")
         self._it.set_state(dict(grain_state))
         self.yielded = yielded
+
+
+def history_sessions(episode: Episode) -> Episode:
+    """The episode without its final session (the evaluation's target): what an agent may learn from before
+    that session is scored. An episode of one session has no history: an error naming it."""
+    if len(episode.sessions) < 2:
+        raise ValueError(f"episode {episode.episode_id!r} has {len(episode.sessions)} session(s): online learning "
+                         "plays the sessions before the final one, so it needs at least 2")
+    return dataclasses.replace(episode, sessions=tuple(episode.sessions[:-1]))
 
 
 def _train_episodes(config: ml_collections.ConfigDict) -> int:
@@ -224,7 +239,8 @@ def online_stream(config: ml_collections.ConfigDict) -> EpisodeStream:
         return PersonaWorldStream(_world(config), total)
     if name in REAL_DATASETS:
         return TfdsEpisodeStream(name, config.data.tfds_name, config.data.split, data_dir=config.data.data_dir,
-                                 seed=int(config.seed), total=total)
+                                 seed=int(config.seed), total=total,
+                                 final_sessions=bool(config.data.get("train_final_sessions", False)))
     raise ValueError(f"config.data.name={name!r} is not one of {DATASETS}")
 
 

@@ -117,7 +117,8 @@ def stage_online(run: Run) -> dict[str, Any]:
         for group in user_groups(bar, learner_cfg.users_in_flight, learner_cfg.update_every // count,
                                  learner.episodes_seen // count):
             first = learner.episodes_seen + 1 + jax.process_index()  # this process plays every count-th
-            rows += [{"episode": first + i * count, **out} for i, out in enumerate(learner.run_episodes(group))]
+            rows += [{"episode": first + i * count, **training_record(e), **out}
+                     for i, (e, out) in enumerate(zip(group, learner.run_episodes(group), strict=True))]
             if count == 1 or learner.episodes_seen % learner_cfg.update_every == 0:  # the same call everywhere
                 write_episode_rows(run.metrics, rows)
                 rows = []
@@ -146,6 +147,12 @@ def stage_online(run: Run) -> dict[str, Any]:
     run.save_policy({"stage": "online", "episodes": learner.episodes_seen, "updates": learner.updates})
     run.metrics.write("online", {"final": True, **summary})
     return summary
+
+
+def training_record(episode: Any) -> dict[str, Any]:
+    """What an episode row records of the episode that trained the policy: its id and the sessions played
+    (read back by the evaluation's leak check, `icml_jax.evaluation.leakage`)."""
+    return {"episode/id": episode.episode_id, "episode/sessions": len(episode.sessions)}
 
 
 def write_episode_rows(metrics: Any, rows: list[dict[str, Any]]) -> None:

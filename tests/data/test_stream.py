@@ -223,3 +223,31 @@ def test_check_data_config_passes_and_only_checks_data_for_online(built: Path) -
         check_data_config(persona_config(num_sessions=1), ("online",))
     with pytest.raises(ValueError, match="config.data.train_episodes"):
         online_stream(persona_config(train=0))
+
+
+def test_real_stream_plays_each_episode_without_its_final_session_unless_told(built: Path) -> None:
+    """The final session is the evaluation's target: by default the online stream never yields it."""
+    from icml_jax.data.tfds_builders import read_episodes
+
+    full = {e.episode_id: e for e in read_episodes(SAMPLE, "test_4", data_dir=built)}
+    history = list(online_stream(real_config(built, train=5)))
+    config = real_config(built, train=5)
+    config.data.train_final_sessions = True
+    whole = list(online_stream(config))
+    assert _ids(history) == _ids(whole)  # the same episodes in the same order
+    for h, w in zip(history, whole, strict=True):
+        assert w.sessions == full[w.episode_id].sessions
+        assert h.sessions == full[h.episode_id].sessions[:-1] and h.meta == w.meta
+    # a position saved by one protocol does not continue the other
+    with pytest.raises(ValueError, match="final_sessions"):
+        online_stream(real_config(built, train=5)).set_state(online_stream(config).get_state())
+
+
+def test_an_episode_of_one_session_has_no_history_to_learn_from() -> None:
+    from icml_jax.data.schema import Episode
+    from icml_jax.data.stream import history_sessions
+
+    (two,) = generate_episodes(PersonaWorldConfig(num_sessions=2), 1)
+    assert isinstance(history_sessions(two), Episode) and history_sessions(two).sessions == two.sessions[:1]
+    with pytest.raises(ValueError, match=r"episode '.*' has 1 session\(s\).*at least 2"):
+        history_sessions(history_sessions(two))
