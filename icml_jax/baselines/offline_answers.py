@@ -145,13 +145,14 @@ _SMALL_TALK = "Small talk only."
 
 
 def said_items(text: str) -> list[str]:
-    """The items of a summary as `summarize` writes it (its "; "-separated clauses); other text is one item."""
+    """The items of a summary as `summarize` writes it (its "; "-separated clauses); other text is one item (its
+    final full stops dropped)."""
     text = " ".join((text or "").split())
     if not text or text == _SMALL_TALK:
         return []
     if text.startswith(_SAID):
         return [c.strip() for c in text[len(_SAID):].rstrip(".").split("; ") if c.strip()]
-    return [text]
+    return [text.rstrip(". ")] if text.rstrip(". ") else []
 
 
 def _said(items: list[str]) -> str:
