@@ -50,6 +50,17 @@ DEFAULTS: dict[str, Any] = {
         "decide_max_tokens": 256,
         "relevance": "dense",  # dense (the encoder, as Mem0's vector store) | bm25
     },
+    "rsum": {
+        "summary_max_tokens": 256,  # the running summary, rewritten after each earlier session
+    },
+    "comedy": {
+        "session_max_tokens": 192,  # one session's memory
+        "compress_max_tokens": 384,  # the compressive memory (profile, relationship, events)
+    },
+    "memochat": {
+        "memo_max_tokens": 384,  # the topic memos of one session
+        "retrieve_max_tokens": 64,  # the memo ids picked for a reply (at most top_k memos are shown)
+    },
 }
 
 
@@ -302,6 +313,13 @@ def recalled_fragment(fragment: Fragment) -> Recalled:
     return Recalled(fragment.fragment_id, fragment.text, (tuple(fragment.ref),))
 
 
+def session_turns(agent: BaselineAgent, episode: Episode, session: int) -> list[tuple[int, str, str, bool]]:
+    """A session's turns as the baselines' prompts show them: (turn index, speaker, text, whether the agent acts
+    on it)."""
+    return [(t, turn.speaker, turn.text, agent.acts_on(episode, session, t))
+            for t, turn in enumerate(episode.sessions[session].turns)]
+
+
 def user_speaker_of(config: Any) -> str | None:
     """Whose turns the agent acts on, as the evaluation plays them (`icml_jax.data.stream.user_speaker`)."""
     from icml_jax.data.stream import user_speaker
@@ -312,3 +330,4 @@ def user_speaker_of(config: Any) -> str | None:
 __all__ = ["BaselineAgent", "DEFAULTS", "NO_MEMORY", "Query", "Recalled", "Ref", "ReplySettings",
            "SavesEveryTurnAgent", "baseline_settings", "choice_of", "memory_block", "recalled_fragment",
            "user_speaker_of"]
+__all__ += ["session_turns"]

@@ -10,6 +10,18 @@ turn texts and memories in the request's metadata), never the data's labels (y_p
   memory is on the same topic (home, work, diet, pets, family, study, hobbies: small word lists), DELETE it if
   the fact negates it and adds no new word ("I don't have a dog anymore"), else UPDATE it with the fact's text
   ("I moved to Berlin" replaces "I live in Paris"); else ADD the fact.
+- baseline_rsum_update: the previous summary's items (the "; "-separated clauses of a "The user said: ..."
+  summary; any other text is one item) followed by the session's first clauses of USER turns (as
+  baseline_summarize) that are not already there, written as baseline_summarize writes.
+- baseline_comedy_session: the baseline_summarize rule.
+- baseline_comedy_compress: user_profile = every item of the session memories (as above) whose
+  `heuristic_information_value` is >= 0.5, joined by "; "; relationship = how many sessions there were and the
+  topics (the word lists above) their items touch; events = "Session k: " and each session memory's items.
+- baseline_memochat_write: each USER turn goes to the topic (the word lists above) most of its content words
+  are in (ties: the lists' order), else to "personal" when its information value is >= 0.5, else to no memo;
+  one memo per topic in order of first appearance, its summary the baseline_summarize rule over its turns.
+- baseline_memochat_retrieve: the memos sharing a content word with the utterance (topic and summary), most
+  shared words first (ties: the order shown), at most `max_memos`.
 """
 
 from __future__ import annotations
@@ -20,6 +32,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from icml_jax.baselines.prompts import BASELINE_TASKS, TASK_EXTRACT_FACTS, TASK_MEM0_DECIDE, TASK_SUMMARIZE
+from icml_jax.baselines.prompts import (
+    TASK_COMEDY_COMPRESS,
+    TASK_COMEDY_SESSION,
+    TASK_MEMOCHAT_RETRIEVE,
+    TASK_MEMOCHAT_WRITE,
+    TASK_RSUM_UPDATE,
+)
 from icml_jax.llm.offline import heuristic_information_value, register_offline_answers
 
 FACT_THRESHOLD = 0.5
@@ -105,9 +124,91 @@ def answer(task: str, md: Mapping[str, Any]) -> str:
         return json.dumps({"facts": extract_facts(list(md["turns"]), int(md.get("max_facts", 5)))})
     if task == TASK_MEM0_DECIDE:
         return json.dumps(decide(str(md["fact"]), list(md.get("memories") or [])))
+    if task == TASK_RSUM_UPDATE:
+        return rsum_update(str(md.get("previous") or ""), list(md["turns"]))
+    if task == TASK_COMEDY_SESSION:
+        return summarize(list(md["turns"]))
+    if task == TASK_COMEDY_COMPRESS:
+        return json.dumps(comedy_compress(list(md["memories"])))
+    if task == TASK_MEMOCHAT_WRITE:
+        return json.dumps({"memos": memochat_write(list(md["turns"]))})
+    if task == TASK_MEMOCHAT_RETRIEVE:
+        return json.dumps({"memos": memochat_retrieve(str(md["utterance"]), list(md.get("memos") or []),
+                                                      int(md["max_memos"]))})
     raise ValueError(f"offline back end: {task!r} is not a baseline task")
+
+
+# -- Table 6's memory methods (Rsum, COMEDY, MemoChat) ---------------------------------------------------------
+
+_SAID = "The user said: "
+_SMALL_TALK = "Small talk only."
+
+
+def said_items(text: str) -> list[str]:
+    """The items of a summary as `summarize` writes it (its "; "-separated clauses); other text is one item (its
+    final full stops dropped)."""
+    text = " ".join((text or "").split())
+    if not text or text == _SMALL_TALK:
+        return []
+    if text.startswith(_SAID):
+        return [c.strip() for c in text[len(_SAID):].rstrip(".").split("; ") if c.strip()]
+    return [text.rstrip(". ")] if text.rstrip(". ") else []
+
+
+def _said(items: list[str]) -> str:
+    return f"{_SAID}{'; '.join(items)}." if items else _SMALL_TALK
+
+
+def rsum_update(previous: str, turns: list[Mapping[str, Any]]) -> str:
+    """The offline running summary (see the module docstring)."""
+    items = said_items(previous)
+    seen = {i.lower() for i in items}
+    for item in said_items(summarize(turns)):
+        if item.lower() not in seen:
+            seen.add(item.lower())
+            items.append(item)
+    return _said(items)
+
+
+def comedy_compress(memories: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The offline compressive memory (see the module docstring)."""
+    per_session = [(int(m["session"]), said_items(str(m["text"]))) for m in memories]
+    every = [item for _, items in per_session for item in items]
+    profile = list(dict.fromkeys(i for i in every if heuristic_information_value(i) >= FACT_THRESHOLD))
+    touched = sorted(topics({w for item in every for w in content_words(item)}))
+    n = len(per_session)
+    relationship = f"They have talked in {n} earlier session{'s' if n != 1 else ''}" + (
+        f", about {', '.join(touched)}." if touched else ".")
+    events = [f"Session {s + 1}: {'; '.join(items)}." for s, items in per_session if items]
+    return {"user_profile": "; ".join(profile), "relationship": relationship, "events": events}
+
+
+def memochat_write(turns: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The offline topic memos (see the module docstring)."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for t in turns:
+        if not t.get("user"):
+            continue
+        words = content_words(str(t["text"]))
+        hits = [(len(words & vocab), -i, name) for i, (name, vocab) in enumerate(TOPICS.items()) if words & vocab]
+        topic = max(hits)[2] if hits else None
+        if topic is None and heuristic_information_value(str(t["text"])) >= FACT_THRESHOLD:
+            topic = "personal"
+        if topic is not None:
+            groups.setdefault(topic, []).append(t)
+    return [{"topic": topic, "summary": summarize(group), "turns": [int(t["turn"]) for t in group]}
+            for topic, group in groups.items()]
+
+
+def memochat_retrieve(utterance: str, memos: list[Mapping[str, Any]], max_memos: int) -> list[str]:
+    """The offline memo selection (see the module docstring)."""
+    query = content_words(utterance)
+    shared = [(len(query & content_words(f"{m['topic']} {m['summary']}")), -i, str(m["id"]))
+              for i, m in enumerate(memos)]
+    return [memo_id for n, _, memo_id in sorted(shared, reverse=True) if n > 0][:max(0, max_memos)]
 
 
 register_offline_answers(BASELINE_TASKS, answer)
 
 __all__ = ["FACT_THRESHOLD", "TOPICS", "answer", "content_words", "decide", "extract_facts", "summarize", "topics"]
+__all__ += ["comedy_compress", "memochat_retrieve", "memochat_write", "rsum_update", "said_items"]

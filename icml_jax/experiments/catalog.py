@@ -119,12 +119,8 @@ def _rows(ctx: Context, variants: dict[str, Callable[[int], dict[str, Any]]], re
 # ------------------------------------------------------------------------------------------------ experiments
 
 
-def main(ctx: Context) -> Report:
-    """Table 1: ours against every baseline on the config's dataset."""
-    names = list(ctx.exp("baselines", ()))
-    report = Report("main", "Ours against the baselines", "Table 1",
-                    {**REPLY_COLUMNS, "trigger_recall": "T-rec", "prompt_tokens": "prompt tok",
-                     "storage_tokens": "stored tok"}, {})
+def _ours_against(ctx: Context, report: Report, names: Sequence[str]) -> Report:
+    """`report` filled with ours and the baselines `names`, one row each, and the columns' notes."""
     variants = {"ours": lambda s: ours(ctx, s)}
     variants |= {n: (lambda s, n=n: baseline(ctx, s, n)) for n in names}
     _rows(ctx, variants, report)
@@ -132,6 +128,23 @@ def main(ctx: Context) -> Report:
                      "target turns; prompt tok: reply prompt tokens per target; stored tok: memory tokens after "
                      "the last history session."]
     return report
+
+
+SYSTEM_COLUMNS = {**REPLY_COLUMNS, "trigger_recall": "T-rec", "prompt_tokens": "prompt tok",
+                  "storage_tokens": "stored tok"}
+
+
+def main(ctx: Context) -> Report:
+    """Table 1: ours against every baseline on the config's dataset."""
+    report = Report("main", "Ours against the baselines", "Table 1", dict(SYSTEM_COLUMNS), {})
+    return _ours_against(ctx, report, list(ctx.exp("baselines", ())))
+
+
+def table6(ctx: Context) -> Report:
+    """Table 6: ours against the memory-related methods (`experiments.table6_baselines`: MemoChat, Rsum, COMEDY,
+    prompted to the config's generator) on the config's dataset."""
+    report = Report("table6", "Ours against memory-related methods", "Table 6", dict(SYSTEM_COLUMNS), {})
+    return _ours_against(ctx, report, list(ctx.exp("table6_baselines", ())))
 
 
 ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {  # name -> (what it removes, overrides of the online run)
@@ -501,6 +514,7 @@ EXPERIMENTS: dict[str, Callable[[Context], Report]] = {
     "main": main, "ablation": ablation, "synthetic_scale": synthetic_scale, "judges": judges,
     "exploration": exploration, "lambda": lambda_, "synthesis_direction": synthesis_direction,
     "size_grid": size_grid, "ten_sessions": ten_sessions, "policy_maps": policy_maps,
+    "table6": table6,
 }
 
 __all__ = ["ABLATIONS", "EXPERIMENTS", "Context", "ORACLE"]

@@ -78,3 +78,22 @@ class KeywordEncoder:
     def cosine(self, a: str, b: str) -> float:
         x, y = self.vector(a), self.vector(b)
         return float(x @ y / np.linalg.norm(x) / np.linalg.norm(y))
+
+
+def play_two_users(agent) -> tuple[Episode, Episode]:
+    """Two users' first two sessions observed interleaved (A's session, then B's), from a reset agent; returns
+    their episodes (user ids = episode ids), whose third session is one question each: A has a dog Rex in
+    Paris, B a cat Tom in Rome."""
+    a = episode(["I have a dog named Rex in Paris."], ["My dog Rex loves Paris."], ["Where is my dog Rex?"],
+                episode_id="ep-A")
+    b = episode(["I have a cat named Tom in Rome."], ["My cat Tom loves Rome."], ["Is my dog in Rome?"],
+                episode_id="ep-B")
+    agent.reset()
+    for s in range(2):
+        for ep in (a, b):
+            history: list[tuple[str, str]] = []
+            for t, turn in enumerate(ep.sessions[s].turns):
+                if turn.speaker == USER:
+                    agent.observe(ep.episode_id, ep, s, t, history)
+                history.append((turn.speaker, turn.text))
+    return a, b

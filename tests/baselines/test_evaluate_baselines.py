@@ -62,4 +62,13 @@ def test_every_baseline_plays_the_evaluation(demo, tmp_path, name):
         assert calls == len(rows) + 2 * final and setting["stats"]["summaries"] == final  # summary + facts
     elif name == "mem0":
         assert calls >= len(rows) + acted and sum(setting["events"].values()) > 0
+    elif name == "rsum":  # one summary update per earlier session; every reply reads the whole summary
+        assert calls == len(rows) + final and setting["stats"]["updates"] == final
+        assert all(r["memory"] == rows[0]["memory"] and len(r["memory_refs"]) == acted for r in rows)
+    elif name == "comedy":  # session memory + compression per earlier session
+        assert calls == len(rows) + 2 * final and setting["stats"]["compressions"] == final
+        assert all(r["memory"] == rows[0]["memory"] and "Past events:" in r["memory"] for r in rows)
+    elif name == "memochat":  # memo writing per earlier session, one retrieval per reply asked for after the first
+        assert calls == len(rows) + final + setting["stats"]["retrievals"] and setting["stats"]["memos"] > 0
+        assert setting["stats"]["retrievals"] >= len(rows) and any(r["memory_refs"] for r in rows)
     assert content["memory"]["needed_pairs"] > 0  # trigger recall is measured from memory_refs

@@ -19,7 +19,8 @@ ROOT = Path(__file__).parents[2]
 
 
 def test_registry_names_and_unknown_name():
-    assert list(BASELINES) == ["no_memory", "long_context", "dense", "heuristic", "memorybank", "mem0"]
+    assert list(BASELINES) == ["no_memory", "long_context", "dense", "heuristic", "memorybank", "mem0", "memochat",
+                               "rsum", "comedy"]
     assert all(baseline_factory(n) is BASELINES[n] for n in BASELINES)
     with pytest.raises(ValueError, match="unknown baseline 'rag'.*no_memory, long_context, dense, heuristic"):
         baseline_factory("rag")
@@ -28,7 +29,9 @@ def test_registry_names_and_unknown_name():
 def test_base_config_block_equals_the_defaults_and_missing_keys_take_them():
     config = load_config("base")
     assert config.baselines.to_dict() == DEFAULTS == default_config()
-    assert tuple(config.experiments.baselines) == tuple(BASELINES)  # Table 1's rows are all registered
+    table1, table6 = tuple(config.experiments.baselines), tuple(config.experiments.table6_baselines)
+    assert table6 == ("memochat", "rsum", "comedy")  # Table 6's rows, in the paper's order
+    assert not set(table1) & set(table6) and set(table1) | set(table6) == set(BASELINES)  # all registered, once
     partial = ml_collections.ConfigDict({"baselines": {"top_k": 5, "mem0": {"similar": 2}}})
     got = baseline_settings(partial)
     assert got["top_k"] == 5 and got["mem0"]["similar"] == 2 and got["mem0"]["max_facts"] == DEFAULTS["mem0"][
@@ -70,7 +73,7 @@ def test_requests_carry_inputs_not_labels_and_have_their_own_tasks():
     turns = [(0, "user", "I work as a nurse.", True)]
     requests = [prompts.summarize_request(turns, session=1), prompts.extract_facts_request(turns, context=[("a", "b")]),
                 prompts.mem0_decide_request("fact", [("0", "memory")])]
-    assert [r.task for r in requests] == list(prompts.BASELINE_TASKS)
+    assert [r.task for r in requests] == list(prompts.BASELINE_TASKS[:3])
     assert requests[0].json_schema is None and all(r.json_schema for r in requests[1:])
     for r in requests:
         json.dumps(dict(r.metadata))  # the evaluation's cache key needs JSON
