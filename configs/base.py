@@ -145,9 +145,19 @@ def get_config() -> ml_collections.ConfigDict:
             decide_max_tokens=256,
             relevance="dense",  # dense (the encoder) | bm25
         )),
+        ld_agent=ml_collections.ConfigDict(dict(
+            relevance="dense",  # dense (the encoder) | bm25: the semantic part of the event score
+            topic_weight=1.0,  # weight of the topic overlap (share of the query's content words)
+            recency_tau=10.0,  # sessions: event scores decay as exp(-sessions since / recency_tau)
+            max_traits=5,  # persona traits extracted per speaker and session
+            persona_shown=10,  # newest traits of each speaker's persona shown to a reply
+            summary_max_tokens=192,
+            persona_max_tokens=256,
+        )),
     ))
     config.experiments = ml_collections.ConfigDict(dict(  # python -m icml_jax.experiments (sizes per experiment)
-        baselines=("no_memory", "long_context", "dense", "heuristic", "memorybank", "mem0"),  # Table 1's rows
+        baselines=("no_memory", "long_context", "dense", "heuristic", "memorybank", "mem0",
+                   "ld_agent"),  # Table 1's rows
         synthetic_scale=(0, 100, 250, 500, 1000),  # synthesized training episodes (Table 3)
         lambdas=(0.3, 0.5, 0.7),  # truth-reward weights (Table 10)
         judges=("offline",),  # judge back ends for Tables 7 / 11: "offline", "generator", "judge" (the config's

@@ -50,6 +50,15 @@ DEFAULTS: dict[str, Any] = {
         "decide_max_tokens": 256,
         "relevance": "dense",  # dense (the encoder, as Mem0's vector store) | bm25
     },
+    "ld_agent": {
+        "relevance": "dense",  # dense (the encoder) | bm25: the semantic part of the event score
+        "topic_weight": 1.0,  # weight of the topic overlap (share of the query's content words) in the score
+        "recency_tau": 10.0,  # sessions: an event's score decays as exp(-sessions since it / recency_tau)
+        "max_traits": 5,  # persona traits extracted per speaker and session
+        "persona_shown": 10,  # newest traits of each speaker's persona shown to a reply
+        "summary_max_tokens": 192,
+        "persona_max_tokens": 256,
+    },
 }
 
 

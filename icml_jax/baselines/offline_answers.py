@@ -10,6 +10,9 @@ turn texts and memories in the request's metadata), never the data's labels (y_p
   memory is on the same topic (home, work, diet, pets, family, study, hobbies: small word lists), DELETE it if
   the fact negates it and adds no new word ("I don't have a dog anymore"), else UPDATE it with the fact's text
   ("I moved to Berlin" replaces "I live in Paris"); else ADD the fact.
+- baseline_ld_persona: the user's traits are extract_facts' sentences of the USER turns; the agent's are the
+  other turns' sentences, not questions, that speak of the speaker (I, my, me) and score >= 0.5 the same way;
+  at most `max_traits` each.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from icml_jax.baselines.prompts import BASELINE_TASKS, TASK_EXTRACT_FACTS, TASK_MEM0_DECIDE, TASK_SUMMARIZE
+from icml_jax.baselines.prompts import TASK_LD_PERSONA
 from icml_jax.llm.offline import heuristic_information_value, register_offline_answers
 
 FACT_THRESHOLD = 0.5
@@ -105,9 +109,34 @@ def answer(task: str, md: Mapping[str, Any]) -> str:
         return json.dumps({"facts": extract_facts(list(md["turns"]), int(md.get("max_facts", 5)))})
     if task == TASK_MEM0_DECIDE:
         return json.dumps(decide(str(md["fact"]), list(md.get("memories") or [])))
+    if task == TASK_LD_PERSONA:
+        return json.dumps(ld_personas(list(md["turns"]), int(md.get("max_traits", 5))))
     raise ValueError(f"offline back end: {task!r} is not a baseline task")
 
 
 register_offline_answers(BASELINE_TASKS, answer)
 
 __all__ = ["FACT_THRESHOLD", "TOPICS", "answer", "content_words", "decide", "extract_facts", "summarize", "topics"]
+
+
+# -- LD-Agent --------------------------------------------------------------------------------------------------
+
+_FIRST_PERSON = re.compile(r"\b(i|i'm|i've|i'd|my|me|mine)\b", re.IGNORECASE)
+
+
+def ld_personas(turns: list[Mapping[str, Any]], max_traits: int) -> dict[str, list[dict[str, Any]]]:
+    """The offline LD-Agent traits of both speakers (see the module docstring)."""
+    agent = []
+    for t in turns:
+        if t.get("user"):
+            continue
+        for match in _SENTENCE.finditer(str(t["text"])):
+            sentence = match.group().strip()
+            if (sentence and not sentence.endswith("?") and _FIRST_PERSON.search(sentence)
+                    and heuristic_information_value(sentence) >= FACT_THRESHOLD):
+                agent.append({"turn": int(t["turn"]), "trait": sentence})
+    user = [{"turn": f["turn"], "trait": f["fact"]} for f in extract_facts(turns, max_traits)]
+    return {"user": user, "agent": agent[:max(0, max_traits)]}
+
+
+__all__ += ["ld_personas"]

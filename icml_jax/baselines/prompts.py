@@ -170,3 +170,74 @@ def parse_decision(response: LLMResponse, ids: Sequence[str]) -> tuple[tuple[str
 __all__ = ["BASELINE_TASKS", "DECIDE_SCHEMA", "FACTS_SCHEMA", "MEM0_EVENTS", "TASK_EXTRACT_FACTS",
            "TASK_MEM0_DECIDE", "TASK_SUMMARIZE", "Turns", "extract_facts_request", "mem0_decide_request",
            "parse_decision", "parse_facts", "summarize_request"]
+
+
+# -- LD-Agent (icml_jax.baselines.ld_agent): persona extraction for both speakers ------------------------------
+
+TASK_LD_PERSONA = "baseline_ld_persona"
+PERSONA_SPEAKERS: tuple[str, ...] = ("user", "agent")
+PERSONA_INSTRUCTION = (
+    "List the lasting traits of each speaker of the session below: the user's (turns marked USER) and the "
+    "assistant's (the other turns): personality, background, preferences, habits, each as one short "
+    "self-contained sentence with the id of the turn it comes from; at most {max_traits} per speaker. Passing "
+    "moods, requests and questions are not traits. Answer with a JSON object: "
+    '{{"user": [{{"turn": id, "trait": "..."}}, ...], "agent": [{{"turn": id, "trait": "..."}}, ...]}}, with '
+    "empty lists when there is none.")
+_TRAITS_SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "items": {"type": "object", "properties": {"turn": {"type": "integer", "minimum": 0},
+                                               "trait": {"type": "string"}}, "required": ["turn", "trait"]},
+}
+PERSONA_SCHEMA: dict[str, Any] = {
+    "type": "object", "properties": {s: _TRAITS_SCHEMA for s in PERSONA_SPEAKERS}, "required": list(PERSONA_SPEAKERS)}
+
+
+def ld_persona_request(turns: Turns, *, max_traits: int = 5, max_output_tokens: int = 256,
+                       metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask for both speakers' persona traits in one finished session (LD-Agent's persona extractor)."""
+    prompt = f"{PERSONA_INSTRUCTION.format(max_traits=max_traits)}\n\nSession:\n{_turn_lines(turns)}"
+    return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=PERSONA_SCHEMA,
+                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_LD_PERSONA,
+                      metadata={"turns": _turns_md(turns), "max_traits": int(max_traits), **dict(metadata or {})})
+
+
+def turn_items(items: Any, key: str) -> tuple[list[tuple[int | None, str]] | None, list[str]]:
+    """(items as (turn id or None, text), problems) from a JSON list of {"turn", key} objects or strings; None
+    when `items` is not a list. Items without a text are left out, items without a usable turn id keep None."""
+    if not isinstance(items, list):
+        return None, [f"expected a list, got {type(items).__name__}"]
+    out, problems = [], []
+    for item in items:
+        text = item.get(key) if isinstance(item, dict) else item
+        if not isinstance(text, str) or not text.strip():
+            problems.append(f"item without a {key} text: {item!r}"[:120])
+            continue
+        turn = item.get("turn") if isinstance(item, dict) else None
+        if isinstance(turn, str) and turn.strip().isdigit():
+            turn = int(turn)
+        if not isinstance(turn, int) or isinstance(turn, bool):
+            problems.append(f"{key} without a turn id: {text[:60]!r}")
+            turn = None
+        out.append((turn, " ".join(text.split())))
+    return out, problems
+
+
+def parse_personas(response: LLMResponse) -> tuple[dict[str, list[tuple[int | None, str]]] | None, str | None]:
+    """({"user": traits, "agent": traits}, problem), each trait (turn id or None, text); None when the answer is
+    not a JSON object; a speaker whose list is missing or unusable gets no traits and a problem."""
+    value, error = _value(response)
+    if error is not None:
+        return None, error
+    if not isinstance(value, dict):
+        return None, f"expected a JSON object, got {type(value).__name__}"
+    out, problems = {}, []
+    for speaker in PERSONA_SPEAKERS:
+        traits, why = turn_items(value.get(speaker, []), "trait")
+        out[speaker] = traits or []
+        problems += [f"{speaker}: {p}" for p in why]
+    return out, "; ".join(problems) or None
+
+
+BASELINE_TASKS += (TASK_LD_PERSONA,)
+__all__ += ["PERSONA_SCHEMA", "PERSONA_SPEAKERS", "TASK_LD_PERSONA", "ld_persona_request", "parse_personas",
+            "turn_items"]

@@ -62,4 +62,7 @@ def test_every_baseline_plays_the_evaluation(demo, tmp_path, name):
         assert calls == len(rows) + 2 * final and setting["stats"]["summaries"] == final  # summary + facts
     elif name == "mem0":
         assert calls >= len(rows) + acted and sum(setting["events"].values()) > 0
+    elif name == "ld_agent":  # a summary and a persona request per earlier session
+        assert calls == len(rows) + 2 * final and setting["stats"]["events"] == final
+        assert all(r["memory_refs"] for r in rows)
     assert content["memory"]["needed_pairs"] > 0  # trigger recall is measured from memory_refs
