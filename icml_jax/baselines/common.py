@@ -59,6 +59,14 @@ DEFAULTS: dict[str, Any] = {
         "summary_max_tokens": 192,
         "persona_max_tokens": 256,
     },
+    "a_mem": {
+        "relevance": "dense",  # dense (the encoder) | bm25: how notes are found for linking and for replies
+        "link_k": 5,  # most similar stored notes shown to a new note's link / evolution decision
+        "neighbours": 2,  # linked notes shown with each retrieved note
+        "max_keywords": 5,  # keywords per note
+        "note_max_tokens": 256,
+        "evolve_max_tokens": 256,
+    },
 }
 
 

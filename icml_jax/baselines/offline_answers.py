@@ -13,6 +13,11 @@ turn texts and memories in the request's metadata), never the data's labels (y_p
 - baseline_ld_persona: the user's traits are extract_facts' sentences of the USER turns; the agent's are the
   other turns' sentences, not questions, that speak of the speaker (I, my, me) and score >= 0.5 the same way;
   at most `max_traits` each.
+- baseline_amem_note: keep when the turn's `heuristic_information_value` is >= 0.5; keywords = the turn's first
+  `max_keywords` distinct content words; tags = the topics (the word lists above) they meet; context = "About "
+  and the first three keywords.
+- baseline_amem_evolve: link every shown note whose content or keywords share a content word with the new
+  note's keywords; each linked note whose tags lack some of the new note's gains them (its context is kept).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 from icml_jax.baselines.prompts import BASELINE_TASKS, TASK_EXTRACT_FACTS, TASK_MEM0_DECIDE, TASK_SUMMARIZE
 from icml_jax.baselines.prompts import TASK_LD_PERSONA
+from icml_jax.baselines.prompts import TASK_AMEM_EVOLVE, TASK_AMEM_NOTE
 from icml_jax.llm.offline import heuristic_information_value, register_offline_answers
 
 FACT_THRESHOLD = 0.5
@@ -111,6 +117,10 @@ def answer(task: str, md: Mapping[str, Any]) -> str:
         return json.dumps(decide(str(md["fact"]), list(md.get("memories") or [])))
     if task == TASK_LD_PERSONA:
         return json.dumps(ld_personas(list(md["turns"]), int(md.get("max_traits", 5))))
+    if task == TASK_AMEM_NOTE:
+        return json.dumps(amem_note(str(md["text"]), int(md.get("max_keywords", 5))))
+    if task == TASK_AMEM_EVOLVE:
+        return json.dumps(amem_evolve(md["note"], list(md.get("neighbours") or [])))
     raise ValueError(f"offline back end: {task!r} is not a baseline task")
 
 
@@ -140,3 +150,37 @@ def ld_personas(turns: list[Mapping[str, Any]], max_traits: int) -> dict[str, li
 
 
 __all__ += ["ld_personas"]
+
+
+# -- A-Mem -----------------------------------------------------------------------------------------------------
+
+
+def ordered_content_words(text: str) -> list[str]:
+    """The content words of `text` (see `content_words`) in order of first appearance."""
+    return list(dict.fromkeys(w for w in _WORD.findall((text or "").lower()) if w not in _STOP))
+
+
+def amem_note(text: str, max_keywords: int) -> dict[str, Any]:
+    """The offline A-Mem note of a user turn (see the module docstring)."""
+    keywords = ordered_content_words(text)[:max(0, max_keywords)]
+    return {"keep": heuristic_information_value(text) >= FACT_THRESHOLD, "keywords": keywords,
+            "tags": sorted(topics(set(keywords))), "context": f"About {', '.join(keywords[:3])}." if keywords else ""}
+
+
+def amem_evolve(note: Mapping[str, Any], neighbours: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The offline A-Mem links and neighbour updates of a new note (see the module docstring)."""
+    words = {w for k in note.get("keywords") or [] for w in content_words(str(k))}
+    links, updates = [], []
+    for n in neighbours:
+        theirs = content_words(str(n["content"])) | {w for k in n.get("keywords") or [] for w in content_words(str(k))}
+        if not words & theirs:
+            continue
+        links.append(str(n["id"]))
+        old = list(n.get("tags") or [])
+        merged = old + [t for t in note.get("tags") or [] if t not in old]
+        if merged != old:
+            updates.append({"id": str(n["id"]), "context": "", "tags": merged})
+    return {"links": links, "updates": updates}
+
+
+__all__ += ["amem_evolve", "amem_note", "ordered_content_words"]

@@ -4,6 +4,7 @@ the memory-update decision (Mem0). Each has its task name, so the offline back e
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -241,3 +242,150 @@ def parse_personas(response: LLMResponse) -> tuple[dict[str, list[tuple[int | No
 BASELINE_TASKS += (TASK_LD_PERSONA,)
 __all__ += ["PERSONA_SCHEMA", "PERSONA_SPEAKERS", "TASK_LD_PERSONA", "ld_persona_request", "parse_personas",
             "turn_items"]
+
+
+# -- A-Mem (icml_jax.baselines.a_mem): note construction and memory evolution -----------------------------------
+
+TASK_AMEM_NOTE = "baseline_amem_note"
+TASK_AMEM_EVOLVE = "baseline_amem_evolve"
+AMEM_NOTE_INSTRUCTION = (
+    "The user's turn below may be worth a note in the assistant's long-term memory. Decide whether it is (keep "
+    "is false for small talk, passing moods, requests and questions that reveal nothing lasting) and describe it "
+    "as a note: at most {max_keywords} keywords (the turn's most important words), a few category tags, and a "
+    "one-sentence context saying what the turn is about and why it matters. Answer with a JSON object: "
+    '{{"keep": true | false, "keywords": ["..."], "tags": ["..."], "context": "..."}}.')
+AMEM_EVOLVE_INSTRUCTION = (
+    "A new note of the assistant's memory about the user and the most similar stored notes (each with its id "
+    "attribute) follow. Decide which stored notes the new note should link to (those about a related matter), "
+    "and whether any linked note should evolve in the light of the new one: a new context sentence and/or new "
+    'tags for it. Answer with a JSON object: {"links": [ids], "updates": [{"id": id, "context": "new context or '
+    'empty to keep it", "tags": ["new tags"] or [] to keep them}]}, with empty lists when nothing changes.')
+AMEM_NOTE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"keep": {"type": "boolean"}, "keywords": {"type": "array", "items": {"type": "string"}},
+                   "tags": {"type": "array", "items": {"type": "string"}}, "context": {"type": "string"}},
+    "required": ["keep", "keywords", "tags", "context"],
+}
+AMEM_EVOLVE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "links": {"type": "array", "items": {"type": "string"}},
+        "updates": {"type": "array", "items": {
+            "type": "object", "properties": {"id": {"type": "string"}, "context": {"type": "string"},
+                                             "tags": {"type": "array", "items": {"type": "string"}}},
+            "required": ["id", "context", "tags"]}},
+    },
+    "required": ["links", "updates"],
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class NoteFields:
+    """What an A-Mem note holds besides its content (the turn): keywords, tags and a context sentence."""
+
+    keywords: tuple[str, ...]
+    tags: tuple[str, ...]
+    context: str
+
+    def render(self, content: str) -> str:
+        """The note as the evolution prompt shows it."""
+        return (f"{content}\nkeywords: {', '.join(self.keywords) or '-'}\ntags: {', '.join(self.tags) or '-'}\n"
+                f"context: {self.context or '-'}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"keywords": list(self.keywords), "tags": list(self.tags), "context": self.context}
+
+
+def amem_note_request(text: str, *, context: Dialogue = (), max_keywords: int = 5, max_output_tokens: int = 256,
+                      metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask whether one user turn becomes a note and for its keywords, tags and context (A-Mem's note
+    construction); `context` is the recent dialogue before it."""
+    shown = f"Earlier dialogue (context only):\n{dialogue_block(context, 4)}\n\n" if context else ""
+    prompt = (f"{AMEM_NOTE_INSTRUCTION.format(max_keywords=max_keywords)}\n\n{shown}User turn:\n"
+              f"{quote('dialogue', text)}")
+    return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=AMEM_NOTE_SCHEMA,
+                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_AMEM_NOTE,
+                      metadata={"text": text, "max_keywords": int(max_keywords), **dict(metadata or {})})
+
+
+def amem_evolve_request(content: str, note: NoteFields, neighbours: Sequence[tuple[str, str, NoteFields]], *,
+                        max_output_tokens: int = 256, metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask which of the shown `neighbours` ((id, content, fields)) a new note links to and how they evolve."""
+    listed = "\n".join(quote("memory", f.render(c), id=i) for i, c, f in neighbours)
+    new = quote("memory", note.render(content))
+    prompt = f"{AMEM_EVOLVE_INSTRUCTION}\n\nStored notes:\n{listed}\n\nNew note:\n{new}"
+    return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=AMEM_EVOLVE_SCHEMA,
+                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_AMEM_EVOLVE,
+                      metadata={"note": {"content": content, **note.as_dict()},
+                                "neighbours": [{"id": i, "content": c, **f.as_dict()} for i, c, f in neighbours],
+                                **dict(metadata or {})})
+
+
+def _strings(value: Any, what: str, problems: list[str]) -> tuple[str, ...]:
+    """A JSON list of strings as a tuple of cleaned, distinct, non-empty strings; anything else is a problem."""
+    if not isinstance(value, list):
+        problems.append(f"{what}: expected a list, got {type(value).__name__}")
+        return ()
+    if not all(isinstance(v, str) for v in value):
+        problems.append(f"{what}: items that are not strings left out")
+    return tuple(dict.fromkeys(" ".join(v.split()) for v in value if isinstance(v, str) and v.strip()))
+
+
+def parse_note(response: LLMResponse) -> tuple[tuple[bool, NoteFields] | None, str | None]:
+    """((keep, fields), problem): None when the answer is not a JSON object; a missing or unusable keep is
+    True (nothing is dropped on a bad answer), unusable keywords / tags / context are empty, each a problem."""
+    value, error = _value(response)
+    if error is not None:
+        return None, error
+    if not isinstance(value, dict):
+        return None, f"expected a JSON object, got {type(value).__name__}"
+    problems: list[str] = []
+    keep = value.get("keep")
+    if not isinstance(keep, bool):
+        problems.append(f"keep is not a boolean: {keep!r}"[:80])
+        keep = True
+    keywords = _strings(value.get("keywords"), "keywords", problems)
+    tags = _strings(value.get("tags"), "tags", problems)
+    context = value.get("context")
+    if not isinstance(context, str):
+        problems.append(f"context is not a string: {context!r}"[:80])
+        context = ""
+    return (keep, NoteFields(keywords, tags, " ".join(context.split()))), "; ".join(problems) or None
+
+
+def parse_evolution(response: LLMResponse, ids: Sequence[str]
+                    ) -> tuple[tuple[list[str], dict[str, tuple[str, tuple[str, ...]]]] | None, str | None]:
+    """((linked ids, {id: (new context or "", new tags or ())}), problem); None when the answer is not a JSON
+    object. Ids that were not shown are left out, each a problem."""
+    value, error = _value(response)
+    if error is not None:
+        return None, error
+    if not isinstance(value, dict):
+        return None, f"expected a JSON object, got {type(value).__name__}"
+    problems: list[str] = []
+    raw_links = value.get("links", [])
+    if isinstance(raw_links, list):  # ids given as numbers are ids too
+        raw_links = [str(i) if isinstance(i, int) and not isinstance(i, bool) else i for i in raw_links]
+    links = list(_strings(raw_links, "links", problems))
+    for bad in [i for i in links if i not in ids]:
+        problems.append(f"link to id {bad!r}, not one of those shown {list(ids)}")
+    links = list(dict.fromkeys(i for i in links if i in ids))
+    updates: dict[str, tuple[str, tuple[str, ...]]] = {}
+    raw = value.get("updates", [])
+    if not isinstance(raw, list):
+        problems.append(f"updates: expected a list, got {type(raw).__name__}")
+        raw = []
+    for item in raw:
+        memory_id = str(item.get("id", "")).strip() if isinstance(item, dict) else None  # numbers read as ids
+        if memory_id not in ids:
+            problems.append(f"update of {item!r}, not one of the notes shown {list(ids)}"[:160])
+            continue
+        context = item.get("context") if isinstance(item.get("context"), str) else ""
+        tags = _strings(item.get("tags", []), f"tags of {memory_id}", problems)
+        updates[memory_id] = (" ".join(context.split()), tags)
+    return (links, updates), "; ".join(problems) or None
+
+
+BASELINE_TASKS += (TASK_AMEM_NOTE, TASK_AMEM_EVOLVE)
+__all__ += ["AMEM_EVOLVE_SCHEMA", "AMEM_NOTE_SCHEMA", "NoteFields", "TASK_AMEM_EVOLVE", "TASK_AMEM_NOTE",
+            "amem_evolve_request", "amem_note_request", "parse_evolution", "parse_note"]

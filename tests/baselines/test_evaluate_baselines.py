@@ -65,4 +65,7 @@ def test_every_baseline_plays_the_evaluation(demo, tmp_path, name):
     elif name == "ld_agent":  # a summary and a persona request per earlier session
         assert calls == len(rows) + 2 * final and setting["stats"]["events"] == final
         assert all(r["memory_refs"] for r in rows)
+    elif name == "a_mem":  # a note call per acted turn, an evolution call per note with candidates
+        stats = setting["stats"]
+        assert calls == len(rows) + acted + max(stats["notes"] - 1, 0) and stats["notes"] + stats["skipped"] == acted
     assert content["memory"]["needed_pairs"] > 0  # trigger recall is measured from memory_refs
