@@ -13,7 +13,9 @@ generator. `baseline_factory(name)` gives the `AgentFactory` that `icml_jax.eval
 - mem0: per-turn facts merged by LLM ADD / UPDATE / DELETE / NOOP decisions (after Mem0, 2025);
 - ld_agent: per-session event summaries by topic-aware retrieval, both speakers' personas (after LD-Agent,
   2025);
-- a_mem: notes with keywords, tags and context, linked and evolved by LLM calls (after A-Mem, 2025).
+- a_mem: notes with keywords, tags and context, linked and evolved by LLM calls (after A-Mem, 2025);
+- memoryos: short-term pages, mid-term topic segments with heat, a promoted user persona (after MemoryOS,
+  2025).
 
 Settings: `config.baselines` (configs/base.py; missing keys take `DEFAULTS`). Importing this package registers
 the offline back end's answers to the baselines' LLM tasks (`offline_answers`).
@@ -25,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from icml_jax.baselines import dense, heuristic, long_context, mem0, memorybank, no_memory
-from icml_jax.baselines import a_mem, ld_agent
+from icml_jax.baselines import a_mem, ld_agent, memoryos
 from icml_jax.baselines import offline_answers as _offline_answers  # noqa: F401  (registers the offline answers)
 from icml_jax.baselines.common import DEFAULTS, BaselineAgent, baseline_settings
 
@@ -40,6 +42,7 @@ BASELINES: dict[str, AgentFactory] = {
     "mem0": mem0.build,
     "ld_agent": ld_agent.build,
     "a_mem": a_mem.build,
+    "memoryos": memoryos.build,
 }
 
 

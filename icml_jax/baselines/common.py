@@ -67,6 +67,19 @@ DEFAULTS: dict[str, Any] = {
         "note_max_tokens": 256,
         "evolve_max_tokens": 256,
     },
+    "memoryos": {
+        "relevance": "dense",  # dense (the encoder) | bm25: page-segment similarity and retrieval
+        "short_term_pages": 7,  # STM queue length; the oldest page overflows to MTM (FIFO)
+        "mid_term_segments": 50,  # MTM capacity; beyond it the coldest segment is dropped
+        "segment_threshold": 0.6,  # relevance + Jaccard a page needs to join an existing segment
+        "heat_threshold": 5.0,  # heat (visits + new pages + recency) at which a segment is promoted
+        "recency_tau": 10.0,  # sessions: the recency term of heat is exp(-sessions since last visit / tau)
+        "pages_per_segment": 3,  # pages of each retrieved segment shown to a reply
+        "max_knowledge": 100,  # user knowledge facts kept (FIFO)
+        "knowledge_shown": 5,  # most relevant knowledge facts shown to a reply
+        "max_facts": 5,  # facts one promotion may add
+        "promote_max_tokens": 384,
+    },
 }
 
 

@@ -18,6 +18,9 @@ turn texts and memories in the request's metadata), never the data's labels (y_p
   and the first three keywords.
 - baseline_amem_evolve: link every shown note whose content or keywords share a content word with the new
   note's keywords; each linked note whose tags lack some of the new note's gains them (its context is kept).
+- baseline_memoryos_promote: knowledge = every page sentence that is not a question and scores >= 0.5 as
+  above, with its page id, at most `max_facts`; profile = "Topics the user talks about: " and the topic names
+  (the word lists above) named in the old profile or met by the new facts, sorted.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 from icml_jax.baselines.prompts import BASELINE_TASKS, TASK_EXTRACT_FACTS, TASK_MEM0_DECIDE, TASK_SUMMARIZE
 from icml_jax.baselines.prompts import TASK_LD_PERSONA
 from icml_jax.baselines.prompts import TASK_AMEM_EVOLVE, TASK_AMEM_NOTE
+from icml_jax.baselines.prompts import TASK_MEMORYOS_PROMOTE
 from icml_jax.llm.offline import heuristic_information_value, register_offline_answers
 
 FACT_THRESHOLD = 0.5
@@ -121,6 +125,9 @@ def answer(task: str, md: Mapping[str, Any]) -> str:
         return json.dumps(amem_note(str(md["text"]), int(md.get("max_keywords", 5))))
     if task == TASK_AMEM_EVOLVE:
         return json.dumps(amem_evolve(md["note"], list(md.get("neighbours") or [])))
+    if task == TASK_MEMORYOS_PROMOTE:
+        return json.dumps(memoryos_promote(list(md["pages"]), str(md.get("profile") or ""),
+                                           int(md.get("max_facts", 5))))
     raise ValueError(f"offline back end: {task!r} is not a baseline task")
 
 
@@ -184,3 +191,24 @@ def amem_evolve(note: Mapping[str, Any], neighbours: list[Mapping[str, Any]]) ->
 
 
 __all__ += ["amem_evolve", "amem_note", "ordered_content_words"]
+
+
+# -- MemoryOS --------------------------------------------------------------------------------------------------
+
+
+def memoryos_promote(pages: list[Mapping[str, Any]], profile: str, max_facts: int) -> dict[str, Any]:
+    """The offline MemoryOS profile and knowledge of a hot segment (see the module docstring)."""
+    facts = []
+    for page in pages:
+        for match in _SENTENCE.finditer(str(page["text"])):
+            sentence = match.group().strip()
+            if sentence and not sentence.endswith("?") and heuristic_information_value(sentence) >= FACT_THRESHOLD:
+                facts.append({"page": int(page["id"]), "fact": sentence})
+    facts = facts[:max(0, max_facts)]
+    named = set(_WORD.findall(profile.lower())) & set(TOPICS)
+    met = named | {t for f in facts for t in topics(content_words(f["fact"]))}
+    return {"profile": f"Topics the user talks about: {', '.join(sorted(met))}." if met else profile,
+            "knowledge": facts}
+
+
+__all__ += ["memoryos_promote"]

@@ -389,3 +389,61 @@ def parse_evolution(response: LLMResponse, ids: Sequence[str]
 BASELINE_TASKS += (TASK_AMEM_NOTE, TASK_AMEM_EVOLVE)
 __all__ += ["AMEM_EVOLVE_SCHEMA", "AMEM_NOTE_SCHEMA", "NoteFields", "TASK_AMEM_EVOLVE", "TASK_AMEM_NOTE",
             "amem_evolve_request", "amem_note_request", "parse_evolution", "parse_note"]
+
+
+# -- MemoryOS (icml_jax.baselines.memoryos): promotion of a hot mid-term segment to the persona ------------------
+
+TASK_MEMORYOS_PROMOTE = "baseline_memoryos_promote"
+MEMORYOS_PROMOTE_INSTRUCTION = (
+    "The pages below are a topic segment of the assistant's memory that the user keeps coming back to, each with "
+    "its id attribute, and the user profile written so far. Update the profile (a few sentences on who the user "
+    "is: traits, preferences, circumstances; keep what is still true) and list the lasting facts about the user "
+    "that the pages reveal, each as one short self-contained sentence with the id of the page it comes from; at "
+    'most {max_facts} facts. Answer with a JSON object: {{"profile": "...", "knowledge": [{{"page": id, "fact": '
+    '"..."}}, ...]}}.')
+MEMORYOS_PROMOTE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "profile": {"type": "string"},
+        "knowledge": {"type": "array", "items": {
+            "type": "object", "properties": {"page": {"type": "integer", "minimum": 0}, "fact": {"type": "string"}},
+            "required": ["page", "fact"]}},
+    },
+    "required": ["profile", "knowledge"],
+}
+
+
+def memoryos_promote_request(pages: Sequence[str], profile: str, *, max_facts: int = 5,
+                             max_output_tokens: int = 384, metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask for the updated user profile and the facts of one hot segment's `pages` (their ids: list positions)."""
+    listed = "\n".join(quote("memory", text, id=str(i)) for i, text in enumerate(pages))
+    prompt = (f"{MEMORYOS_PROMOTE_INSTRUCTION.format(max_facts=max_facts)}\n\nUser profile so far:\n"
+              f"{quote('memory', profile) if profile else '(empty)'}\n\nSegment pages:\n{listed}")
+    return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=MEMORYOS_PROMOTE_SCHEMA,
+                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_MEMORYOS_PROMOTE,
+                      metadata={"pages": [{"id": str(i), "text": t} for i, t in enumerate(pages)],
+                                "profile": profile, "max_facts": int(max_facts), **dict(metadata or {})})
+
+
+def parse_promotion(response: LLMResponse) -> tuple[tuple[str, list[tuple[int | None, str]]] | None, str | None]:
+    """((profile, facts as (page id or None, text)), problem); None when the answer is not a JSON object. An
+    unusable profile is "" and unusable facts are none, each a problem."""
+    value, error = _value(response)
+    if error is not None:
+        return None, error
+    if not isinstance(value, dict):
+        return None, f"expected a JSON object, got {type(value).__name__}"
+    problems = []
+    profile = value.get("profile")
+    if not isinstance(profile, str):
+        problems.append(f"profile is not a string: {profile!r}"[:80])
+        profile = ""
+    items = [{"turn": i.get("page"), "fact": i.get("fact")} if isinstance(i, dict) else i
+             for i in value.get("knowledge", [])] if isinstance(value.get("knowledge", []), list) else None
+    facts, why = turn_items(items, "fact")
+    problems += [f"knowledge: {p}".replace("turn id", "page id") for p in why]
+    return (" ".join(profile.split()), facts or []), "; ".join(problems) or None
+
+
+BASELINE_TASKS += (TASK_MEMORYOS_PROMOTE,)
+__all__ += ["MEMORYOS_PROMOTE_SCHEMA", "TASK_MEMORYOS_PROMOTE", "memoryos_promote_request", "parse_promotion"]

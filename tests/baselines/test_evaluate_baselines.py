@@ -68,4 +68,8 @@ def test_every_baseline_plays_the_evaluation(demo, tmp_path, name):
     elif name == "a_mem":  # a note call per acted turn, an evolution call per note with candidates
         stats = setting["stats"]
         assert calls == len(rows) + acted + max(stats["notes"] - 1, 0) and stats["notes"] + stats["skipped"] == acted
+    elif name == "memoryos":  # every acted turn a page; promotion calls only for hot segments
+        stats = setting["stats"]
+        assert stats["pages"] == acted and calls == len(rows) + stats["promotions"]
+        assert stats["overflowed"] == max(0, acted - setting["short_term_pages"])
     assert content["memory"]["needed_pairs"] > 0  # trigger recall is measured from memory_refs
