@@ -15,7 +15,9 @@ generator. `baseline_factory(name)` gives the `AgentFactory` that `icml_jax.eval
   2025);
 - a_mem: notes with keywords, tags and context, linked and evolved by LLM calls (after A-Mem, 2025);
 - memoryos: short-term pages, mid-term topic segments with heat, a promoted user persona (after MemoryOS,
-  2025).
+  2025);
+- theanine: never-deleted memories linked by causal / temporal relations into timelines, refined per reply
+  (after THEANINE, 2025).
 
 Settings: `config.baselines` (configs/base.py; missing keys take `DEFAULTS`). Importing this package registers
 the offline back end's answers to the baselines' LLM tasks (`offline_answers`).
@@ -27,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from icml_jax.baselines import dense, heuristic, long_context, mem0, memorybank, no_memory
-from icml_jax.baselines import a_mem, ld_agent, memoryos
+from icml_jax.baselines import a_mem, ld_agent, memoryos, theanine
 from icml_jax.baselines import offline_answers as _offline_answers  # noqa: F401  (registers the offline answers)
 from icml_jax.baselines.common import DEFAULTS, BaselineAgent, baseline_settings
 
@@ -43,6 +45,7 @@ BASELINES: dict[str, AgentFactory] = {
     "ld_agent": ld_agent.build,
     "a_mem": a_mem.build,
     "memoryos": memoryos.build,
+    "theanine": theanine.build,
 }
 
 

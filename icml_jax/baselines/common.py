@@ -80,6 +80,15 @@ DEFAULTS: dict[str, Any] = {
         "max_facts": 5,  # facts one promotion may add
         "promote_max_tokens": 384,
     },
+    "theanine": {
+        "relevance": "dense",  # dense (the encoder) | bm25: link candidates and reply anchors
+        "link_candidates": 5,  # earlier memories shown to a new memory's relation decision
+        "timeline_length": 5,  # memories on a retrieved timeline (nearest in links to the anchor)
+        "max_facts": 10,  # memories extracted per session
+        "facts_max_tokens": 512,
+        "link_max_tokens": 256,
+        "refine_max_tokens": 192,  # the refined timeline context a reply gets
+    },
 }
 
 

@@ -21,6 +21,11 @@ turn texts and memories in the request's metadata), never the data's labels (y_p
 - baseline_memoryos_promote: knowledge = every page sentence that is not a question and scores >= 0.5 as
   above, with its page id, at most `max_facts`; profile = "Topics the user talks about: " and the topic names
   (the word lists above) named in the old profile or met by the new facts, sorted.
+- baseline_theanine_link: link every candidate sharing a content word with the new memory; the relation is
+  "causal" when the new memory has a cause word (because, so, since, therefore, due), else "temporal".
+- baseline_theanine_refine: the timelines' memories that share a content word with the utterance (a timeline
+  sharing none gives its newest memory), each once, oldest first, as "In session n, <memory>" sentences, a
+  causal step's sentence starting "As a result, "; "Nothing relevant." when there is no step.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from icml_jax.baselines.prompts import BASELINE_TASKS, TASK_EXTRACT_FACTS, TASK_
 from icml_jax.baselines.prompts import TASK_LD_PERSONA
 from icml_jax.baselines.prompts import TASK_AMEM_EVOLVE, TASK_AMEM_NOTE
 from icml_jax.baselines.prompts import TASK_MEMORYOS_PROMOTE
+from icml_jax.baselines.prompts import TASK_THEANINE_LINK, TASK_THEANINE_REFINE
 from icml_jax.llm.offline import heuristic_information_value, register_offline_answers
 
 FACT_THRESHOLD = 0.5
@@ -128,6 +134,10 @@ def answer(task: str, md: Mapping[str, Any]) -> str:
     if task == TASK_MEMORYOS_PROMOTE:
         return json.dumps(memoryos_promote(list(md["pages"]), str(md.get("profile") or ""),
                                            int(md.get("max_facts", 5))))
+    if task == TASK_THEANINE_LINK:
+        return json.dumps(theanine_links(str(md["memory"]), list(md.get("candidates") or [])))
+    if task == TASK_THEANINE_REFINE:
+        return theanine_refine(str(md["utterance"]), list(md["timelines"]))
     raise ValueError(f"offline back end: {task!r} is not a baseline task")
 
 
@@ -212,3 +222,34 @@ def memoryos_promote(pages: list[Mapping[str, Any]], profile: str, max_facts: in
 
 
 __all__ += ["memoryos_promote"]
+
+
+# -- THEANINE --------------------------------------------------------------------------------------------------
+
+CAUSE_WORDS = frozenset("because so since therefore due".split())
+
+
+def theanine_links(memory: str, candidates: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The offline THEANINE links of a new memory (see the module docstring)."""
+    words = content_words(memory)
+    relation = "causal" if set(_WORD.findall(memory.lower())) & CAUSE_WORDS else "temporal"
+    return {"links": [{"id": str(c["id"]), "relation": relation} for c in candidates
+                      if words & content_words(str(c["text"]))]}
+
+
+def theanine_refine(utterance: str, timelines: list[list[Mapping[str, Any]]]) -> str:
+    """The offline THEANINE context of the retrieved timelines (see the module docstring)."""
+    words = content_words(utterance)
+    kept: dict[tuple[int, str], str | None] = {}
+    for steps in timelines:
+        chosen = [s for s in steps if words & content_words(str(s["text"]))] or list(steps[-1:])
+        for s in chosen:
+            kept.setdefault((int(s["session"]), str(s["text"])), s.get("relation"))
+    sentences = []
+    for (session, text), relation in sorted(kept.items(), key=lambda kv: kv[0][0]):
+        body = text.rstrip(".!?") + "."
+        sentences.append(f"{'As a result, in' if relation == 'causal' else 'In'} session {session + 1}, {body}")
+    return " ".join(sentences) if sentences else "Nothing relevant."
+
+
+__all__ += ["CAUSE_WORDS", "theanine_links", "theanine_refine"]

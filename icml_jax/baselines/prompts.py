@@ -447,3 +447,87 @@ def parse_promotion(response: LLMResponse) -> tuple[tuple[str, list[tuple[int | 
 
 BASELINE_TASKS += (TASK_MEMORYOS_PROMOTE,)
 __all__ += ["MEMORYOS_PROMOTE_SCHEMA", "TASK_MEMORYOS_PROMOTE", "memoryos_promote_request", "parse_promotion"]
+
+
+# -- THEANINE (icml_jax.baselines.theanine): relation links between memories and timeline refinement -------------
+
+TASK_THEANINE_LINK = "baseline_theanine_link"
+TASK_THEANINE_REFINE = "baseline_theanine_refine"
+THEANINE_RELATIONS: tuple[str, ...] = ("temporal", "causal")
+THEANINE_LINK_INSTRUCTION = (
+    "A new memory about the user and earlier memories that may be related (each with its id attribute) follow. "
+    "For each earlier memory that the new one continues, name the relation: causal when the earlier one is a "
+    "cause or reason of the new one, temporal when the new one is a later development of the same matter. Leave "
+    'out unrelated memories. Answer with a JSON object: {"links": [{"id": id, "relation": "causal" | '
+    '"temporal"}, ...]}, with an empty list when nothing is related.')
+THEANINE_REFINE_INSTRUCTION = (
+    "The user's latest utterance and timelines of the assistant's memories about the user (oldest first, each "
+    "step with its relation) follow. Write the compact context a reply needs: what of these timelines bears on "
+    "the utterance, and how it developed over time, in at most three sentences. Keep names, dates and numbers "
+    "exactly. Output only the context.")
+THEANINE_LINK_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"links": {"type": "array", "items": {
+        "type": "object", "properties": {"id": {"type": "string"},
+                                         "relation": {"type": "string", "enum": list(THEANINE_RELATIONS)}},
+        "required": ["id", "relation"]}}},
+    "required": ["links"],
+}
+
+TimelineStep = tuple[int, str, str | None]  # (session, memory text, relation to the previous step or None)
+
+
+def theanine_link_request(memory: str, candidates: Sequence[tuple[str, str]], *, max_output_tokens: int = 256,
+                          metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask which earlier `candidates` ((id, text)) a new memory continues, and by which relation."""
+    listed = "\n".join(quote("memory", text, id=i) for i, text in candidates)
+    prompt = f"{THEANINE_LINK_INSTRUCTION}\n\nEarlier memories:\n{listed}\n\nNew memory:\n{quote('memory', memory)}"
+    return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=THEANINE_LINK_SCHEMA,
+                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_THEANINE_LINK,
+                      metadata={"memory": memory, "candidates": [{"id": i, "text": t} for i, t in candidates],
+                                **dict(metadata or {})})
+
+
+def render_timeline(steps: Sequence[TimelineStep]) -> str:
+    """A timeline as lines, oldest first: '[session n] text', later steps prefixed with their relation."""
+    return "\n".join(f"{'' if rel is None else f'-> ({rel}) '}[session {s + 1}] {text}" for s, text, rel in steps)
+
+
+def theanine_refine_request(utterance: str, timelines: Sequence[Sequence[TimelineStep]], *,
+                            context: Dialogue = (), max_output_tokens: int = 192,
+                            metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask for the compact context of the retrieved `timelines` for replying to `utterance`."""
+    shown = "\n".join(quote("memory", render_timeline(steps), id=str(i)) for i, steps in enumerate(timelines))
+    prompt = (f"{THEANINE_REFINE_INSTRUCTION}\n\nRecent dialogue:\n{dialogue_block(context, 4)}\n\nUtterance:\n"
+              f"{quote('dialogue', utterance)}\n\nTimelines:\n{shown}\n\nContext:")
+    return LLMRequest(prompt=prompt, system=MEMORY_SYSTEM, max_output_tokens=max_output_tokens, temperature=0.0,
+                      task=TASK_THEANINE_REFINE,
+                      metadata={"utterance": utterance,
+                                "timelines": [[{"session": s, "text": t, "relation": r} for s, t, r in steps]
+                                              for steps in timelines], **dict(metadata or {})})
+
+
+def parse_links(response: LLMResponse, ids: Sequence[str]) -> tuple[list[tuple[str, str]] | None, str | None]:
+    """([(candidate id, relation)], problem); None when the answer has no usable list of links. Links to ids
+    not shown or with an unknown relation are left out, each a problem; an id linked twice keeps its first."""
+    value, error = _value(response)
+    if error is not None:
+        return None, error
+    items = value.get("links") if isinstance(value, dict) else value
+    if not isinstance(items, list):
+        return None, f"expected a list of links, got {type(items).__name__}"
+    links: dict[str, str] = {}
+    problems = []
+    for item in items:
+        memory_id = str(item.get("id", "")).strip() if isinstance(item, dict) else ""
+        relation = str(item.get("relation", "")).strip().lower() if isinstance(item, dict) else ""
+        if memory_id not in ids or relation not in THEANINE_RELATIONS:
+            problems.append(f"link {item!r} (ids shown {list(ids)}, relations {list(THEANINE_RELATIONS)})"[:160])
+            continue
+        links.setdefault(memory_id, relation)
+    return list(links.items()), "; ".join(problems) or None
+
+
+BASELINE_TASKS += (TASK_THEANINE_LINK, TASK_THEANINE_REFINE)
+__all__ += ["TASK_THEANINE_LINK", "TASK_THEANINE_REFINE", "THEANINE_LINK_SCHEMA", "THEANINE_RELATIONS",
+            "TimelineStep", "parse_links", "render_timeline", "theanine_link_request", "theanine_refine_request"]

@@ -72,4 +72,8 @@ def test_every_baseline_plays_the_evaluation(demo, tmp_path, name):
         stats = setting["stats"]
         assert stats["pages"] == acted and calls == len(rows) + stats["promotions"]
         assert stats["overflowed"] == max(0, acted - setting["short_term_pages"])
+    elif name == "theanine":  # facts per earlier session, link calls, a refinement per recall with memory
+        stats = setting["stats"]
+        assert stats["memories"] > 0 and stats["refinements"] >= len(rows) and all(r["memory_refs"] for r in rows)
+        assert calls >= len(rows) + final + stats["refinements"]
     assert content["memory"]["needed_pairs"] > 0  # trigger recall is measured from memory_refs
