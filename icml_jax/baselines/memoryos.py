@@ -15,7 +15,8 @@ score s. Every segment has a heat
 whose heat reaches `memoryos.heat_threshold` is promoted: one LLM call per hot segment (in one back-end call;
 `prompts.memoryos_promote_request`) rewrites the user profile and lists the facts its pages reveal, which join
 the long-term persona memory (user knowledge, the newest `memoryos.max_knowledge` kept, FIFO; an identical text
-once); the segment's visits and page count then restart from 0. MTM holds at most `memoryos.mid_term_segments`
+once); the segment's visits and page count then restart from 0 (segments hot at the same turn are sent the same
+old profile, and the last answer's profile is kept). MTM holds at most `memoryos.mid_term_segments`
 segments; beyond that the coldest is dropped. A reply gets, best first: the pages (at most
 `memoryos.pages_per_segment` each, by relevance) of the top-k (`baselines.top_k`) segments by relevance to the
 utterance; the `memoryos.knowledge_shown` most relevant knowledge facts; the user profile; and the STM pages of

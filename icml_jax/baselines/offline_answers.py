@@ -36,10 +36,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from icml_jax.baselines.prompts import BASELINE_TASKS, TASK_EXTRACT_FACTS, TASK_MEM0_DECIDE, TASK_SUMMARIZE
-from icml_jax.baselines.prompts import TASK_LD_PERSONA
-from icml_jax.baselines.prompts import TASK_AMEM_EVOLVE, TASK_AMEM_NOTE
-from icml_jax.baselines.prompts import TASK_MEMORYOS_PROMOTE
-from icml_jax.baselines.prompts import TASK_THEANINE_LINK, TASK_THEANINE_REFINE
+from icml_jax.baselines.prompts import (  # LD-Agent, A-Mem, MemoryOS, THEANINE
+    TASK_AMEM_EVOLVE,
+    TASK_AMEM_NOTE,
+    TASK_LD_PERSONA,
+    TASK_MEMORYOS_PROMOTE,
+    TASK_THEANINE_LINK,
+    TASK_THEANINE_REFINE,
+)
 from icml_jax.llm.offline import heuristic_information_value, register_offline_answers
 
 FACT_THRESHOLD = 0.5
