@@ -160,9 +160,49 @@ def get_config() -> ml_collections.ConfigDict:
             memo_max_tokens=384,  # the topic memos of one session
             retrieve_max_tokens=64,  # the memo ids picked for a reply (at most top_k memos are shown)
         )),
+        ld_agent=ml_collections.ConfigDict(dict(
+            relevance="dense",  # dense (the encoder) | bm25: the semantic part of the event score
+            topic_weight=1.0,  # weight of the topic overlap (share of the query's content words)
+            recency_tau=10.0,  # sessions: event scores decay as exp(-sessions since / recency_tau)
+            max_traits=5,  # persona traits extracted per speaker and session
+            persona_shown=10,  # newest traits of each speaker's persona shown to a reply
+            summary_max_tokens=192,
+            persona_max_tokens=256,
+        )),
+        a_mem=ml_collections.ConfigDict(dict(
+            relevance="dense",  # dense (the encoder) | bm25: finds notes for linking and for replies
+            link_k=5,  # most similar stored notes shown to a new note's link / evolution decision (by the LLM)
+            neighbours=2,  # linked notes shown with each retrieved note
+            max_keywords=5,  # keywords per note
+            note_max_tokens=256,
+            evolve_max_tokens=256,
+        )),
+        memoryos=ml_collections.ConfigDict(dict(
+            relevance="dense",  # dense (the encoder) | bm25: page-segment similarity and retrieval
+            short_term_pages=7,  # STM queue length; the oldest page overflows to MTM (FIFO)
+            mid_term_segments=50,  # MTM capacity; beyond it the coldest segment is dropped
+            segment_threshold=0.6,  # relevance + Jaccard a page needs to join an existing segment
+            heat_threshold=5.0,  # heat (visits + new pages + recency) at which a segment is promoted
+            recency_tau=10.0,  # sessions: heat's recency term is exp(-sessions since last visit / tau)
+            pages_per_segment=3,  # pages of each retrieved segment shown to a reply
+            max_knowledge=100,  # user knowledge facts kept (FIFO)
+            knowledge_shown=5,  # most relevant knowledge facts shown to a reply
+            max_facts=5,  # facts one promotion may add
+            promote_max_tokens=384,
+        )),
+        theanine=ml_collections.ConfigDict(dict(
+            relevance="dense",  # dense (the encoder) | bm25: link candidates and reply anchors
+            link_candidates=5,  # earlier memories shown to a new memory's relation decision
+            timeline_length=5,  # memories on a retrieved timeline (nearest in links to the anchor)
+            max_facts=10,  # memories extracted per session
+            facts_max_tokens=512,
+            link_max_tokens=256,
+            refine_max_tokens=192,  # the refined timeline context a reply gets
+        )),
     ))
     config.experiments = ml_collections.ConfigDict(dict(  # python -m icml_jax.experiments (sizes per experiment)
-        baselines=("no_memory", "long_context", "dense", "heuristic", "memorybank", "mem0"),  # Table 1's rows
+        baselines=("no_memory", "long_context", "dense", "heuristic", "memorybank", "mem0",
+                   "ld_agent", "a_mem", "memoryos", "theanine"),  # Table 1's rows
         table6_baselines=("memochat", "rsum", "comedy"),  # Table 6's rows (memory methods; not in Table 1)
         synthetic_scale=(0, 100, 250, 500, 1000),  # synthesized training episodes (Table 3)
         lambdas=(0.3, 0.5, 0.7),  # truth-reward weights (Table 10)

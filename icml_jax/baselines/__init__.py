@@ -14,6 +14,13 @@ generator. `baseline_factory(name)` gives the `AgentFactory` that `icml_jax.eval
 - memochat: topic memos per session, picked for each reply by an LLM retrieval call (after MemoChat, 2023);
 - rsum: one running summary, rewritten from itself and each finished session (after Rsum, 2025);
 - comedy: session memories compressed into one profile / relationship / events memory (after COMEDY, 2025).
+- ld_agent: per-session event summaries by topic-aware retrieval, both speakers' personas (after LD-Agent,
+  2025);
+- a_mem: notes with keywords, tags and context, linked and evolved by LLM calls (after A-Mem, 2025);
+- memoryos: short-term pages, mid-term topic segments with heat, a promoted user persona (after MemoryOS,
+  2025);
+- theanine: never-deleted memories linked by causal / temporal relations into timelines, refined per reply
+  (after THEANINE, 2025).
 
 Settings: `config.baselines` (configs/base.py; missing keys take `DEFAULTS`). Importing this package registers
 the offline back end's answers to the baselines' LLM tasks (`offline_answers`).
@@ -26,6 +33,7 @@ from typing import Any
 
 from icml_jax.baselines import dense, heuristic, long_context, mem0, memorybank, no_memory
 from icml_jax.baselines import comedy, memochat, rsum
+from icml_jax.baselines import a_mem, ld_agent, memoryos, theanine
 from icml_jax.baselines import offline_answers as _offline_answers  # noqa: F401  (registers the offline answers)
 from icml_jax.baselines.common import DEFAULTS, BaselineAgent, baseline_settings
 
@@ -41,6 +49,10 @@ BASELINES: dict[str, AgentFactory] = {
     "memochat": memochat.build,
     "rsum": rsum.build,
     "comedy": comedy.build,
+    "ld_agent": ld_agent.build,
+    "a_mem": a_mem.build,
+    "memoryos": memoryos.build,
+    "theanine": theanine.build,
 }
 
 

@@ -61,6 +61,45 @@ DEFAULTS: dict[str, Any] = {
         "memo_max_tokens": 384,  # the topic memos of one session
         "retrieve_max_tokens": 64,  # the memo ids picked for a reply (at most top_k memos are shown)
     },
+    "ld_agent": {
+        "relevance": "dense",  # dense (the encoder) | bm25: the semantic part of the event score
+        "topic_weight": 1.0,  # weight of the topic overlap (share of the query's content words) in the score
+        "recency_tau": 10.0,  # sessions: an event's score decays as exp(-sessions since it / recency_tau)
+        "max_traits": 5,  # persona traits extracted per speaker and session
+        "persona_shown": 10,  # newest traits of each speaker's persona shown to a reply
+        "summary_max_tokens": 192,
+        "persona_max_tokens": 256,
+    },
+    "a_mem": {
+        "relevance": "dense",  # dense (the encoder) | bm25: how notes are found for linking and for replies
+        "link_k": 5,  # most similar stored notes shown to a new note's link / evolution decision
+        "neighbours": 2,  # linked notes shown with each retrieved note
+        "max_keywords": 5,  # keywords per note
+        "note_max_tokens": 256,
+        "evolve_max_tokens": 256,
+    },
+    "memoryos": {
+        "relevance": "dense",  # dense (the encoder) | bm25: page-segment similarity and retrieval
+        "short_term_pages": 7,  # STM queue length; the oldest page overflows to MTM (FIFO)
+        "mid_term_segments": 50,  # MTM capacity; beyond it the coldest segment is dropped
+        "segment_threshold": 0.6,  # relevance + Jaccard a page needs to join an existing segment
+        "heat_threshold": 5.0,  # heat (visits + new pages + recency) at which a segment is promoted
+        "recency_tau": 10.0,  # sessions: the recency term of heat is exp(-sessions since last visit / tau)
+        "pages_per_segment": 3,  # pages of each retrieved segment shown to a reply
+        "max_knowledge": 100,  # user knowledge facts kept (FIFO)
+        "knowledge_shown": 5,  # most relevant knowledge facts shown to a reply
+        "max_facts": 5,  # facts one promotion may add
+        "promote_max_tokens": 384,
+    },
+    "theanine": {
+        "relevance": "dense",  # dense (the encoder) | bm25: link candidates and reply anchors
+        "link_candidates": 5,  # earlier memories shown to a new memory's relation decision
+        "timeline_length": 5,  # memories on a retrieved timeline (nearest in links to the anchor)
+        "max_facts": 10,  # memories extracted per session
+        "facts_max_tokens": 512,
+        "link_max_tokens": 256,
+        "refine_max_tokens": 192,  # the refined timeline context a reply gets
+    },
 }
 
 

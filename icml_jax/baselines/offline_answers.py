@@ -22,6 +22,22 @@ turn texts and memories in the request's metadata), never the data's labels (y_p
   one memo per topic in order of first appearance, its summary the baseline_summarize rule over its turns.
 - baseline_memochat_retrieve: the memos sharing a content word with the utterance (topic and summary), most
   shared words first (ties: the order shown), at most `max_memos`.
+- baseline_ld_persona: the user's traits are extract_facts' sentences of the USER turns; the agent's are the
+  other turns' sentences, not questions, that speak of the speaker (I, my, me) and score >= 0.5 the same way;
+  at most `max_traits` each.
+- baseline_amem_note: keep when the turn's `heuristic_information_value` is >= 0.5; keywords = the turn's first
+  `max_keywords` distinct content words; tags = the topics (the word lists above) they meet; context = "About "
+  and the first three keywords.
+- baseline_amem_evolve: link every shown note whose content or keywords share a content word with the new
+  note's keywords; each linked note whose tags lack some of the new note's gains them (its context is kept).
+- baseline_memoryos_promote: knowledge = every page sentence that is not a question and scores >= 0.5 as
+  above, with its page id, at most `max_facts`; profile = "Topics the user talks about: " and the topic names
+  (the word lists above) named in the old profile or met by the new facts, sorted.
+- baseline_theanine_link: link every candidate sharing a content word with the new memory; the relation is
+  "causal" when the new memory has a cause word (because, so, since, therefore, due), else "temporal".
+- baseline_theanine_refine: the timelines' memories that share a content word with the utterance (a timeline
+  sharing none gives its newest memory), each once, oldest first, as "In session n, <memory>" sentences, a
+  causal step's sentence starting "As a result, "; "Nothing relevant." when there is no step.
 """
 
 from __future__ import annotations
@@ -31,13 +47,22 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from icml_jax.baselines.prompts import BASELINE_TASKS, TASK_EXTRACT_FACTS, TASK_MEM0_DECIDE, TASK_SUMMARIZE
 from icml_jax.baselines.prompts import (
+    BASELINE_TASKS,
+    TASK_AMEM_EVOLVE,
+    TASK_AMEM_NOTE,
     TASK_COMEDY_COMPRESS,
     TASK_COMEDY_SESSION,
+    TASK_EXTRACT_FACTS,
+    TASK_LD_PERSONA,
+    TASK_MEM0_DECIDE,
     TASK_MEMOCHAT_RETRIEVE,
     TASK_MEMOCHAT_WRITE,
+    TASK_MEMORYOS_PROMOTE,
     TASK_RSUM_UPDATE,
+    TASK_SUMMARIZE,
+    TASK_THEANINE_LINK,
+    TASK_THEANINE_REFINE,
 )
 from icml_jax.llm.offline import heuristic_information_value, register_offline_answers
 
@@ -135,6 +160,19 @@ def answer(task: str, md: Mapping[str, Any]) -> str:
     if task == TASK_MEMOCHAT_RETRIEVE:
         return json.dumps({"memos": memochat_retrieve(str(md["utterance"]), list(md.get("memos") or []),
                                                       int(md["max_memos"]))})
+    if task == TASK_LD_PERSONA:
+        return json.dumps(ld_personas(list(md["turns"]), int(md.get("max_traits", 5))))
+    if task == TASK_AMEM_NOTE:
+        return json.dumps(amem_note(str(md["text"]), int(md.get("max_keywords", 5))))
+    if task == TASK_AMEM_EVOLVE:
+        return json.dumps(amem_evolve(md["note"], list(md.get("neighbours") or [])))
+    if task == TASK_MEMORYOS_PROMOTE:
+        return json.dumps(memoryos_promote(list(md["pages"]), str(md.get("profile") or ""),
+                                           int(md.get("max_facts", 5))))
+    if task == TASK_THEANINE_LINK:
+        return json.dumps(theanine_links(str(md["memory"]), list(md.get("candidates") or [])))
+    if task == TASK_THEANINE_REFINE:
+        return theanine_refine(str(md["utterance"]), list(md["timelines"]))
     raise ValueError(f"offline back end: {task!r} is not a baseline task")
 
 
@@ -212,3 +250,112 @@ register_offline_answers(BASELINE_TASKS, answer)
 
 __all__ = ["FACT_THRESHOLD", "TOPICS", "answer", "content_words", "decide", "extract_facts", "summarize", "topics"]
 __all__ += ["comedy_compress", "memochat_retrieve", "memochat_write", "rsum_update", "said_items"]
+
+
+# -- LD-Agent --------------------------------------------------------------------------------------------------
+
+_FIRST_PERSON = re.compile(r"\b(i|i'm|i've|i'd|my|me|mine)\b", re.IGNORECASE)
+
+
+def ld_personas(turns: list[Mapping[str, Any]], max_traits: int) -> dict[str, list[dict[str, Any]]]:
+    """The offline LD-Agent traits of both speakers (see the module docstring)."""
+    agent = []
+    for t in turns:
+        if t.get("user"):
+            continue
+        for match in _SENTENCE.finditer(str(t["text"])):
+            sentence = match.group().strip()
+            if (sentence and not sentence.endswith("?") and _FIRST_PERSON.search(sentence)
+                    and heuristic_information_value(sentence) >= FACT_THRESHOLD):
+                agent.append({"turn": int(t["turn"]), "trait": sentence})
+    user = [{"turn": f["turn"], "trait": f["fact"]} for f in extract_facts(turns, max_traits)]
+    return {"user": user, "agent": agent[:max(0, max_traits)]}
+
+
+__all__ += ["ld_personas"]
+
+
+# -- A-Mem -----------------------------------------------------------------------------------------------------
+
+
+def ordered_content_words(text: str) -> list[str]:
+    """The content words of `text` (see `content_words`) in order of first appearance."""
+    return list(dict.fromkeys(w for w in _WORD.findall((text or "").lower()) if w not in _STOP))
+
+
+def amem_note(text: str, max_keywords: int) -> dict[str, Any]:
+    """The offline A-Mem note of a user turn (see the module docstring)."""
+    keywords = ordered_content_words(text)[:max(0, max_keywords)]
+    return {"keep": heuristic_information_value(text) >= FACT_THRESHOLD, "keywords": keywords,
+            "tags": sorted(topics(set(keywords))), "context": f"About {', '.join(keywords[:3])}." if keywords else ""}
+
+
+def amem_evolve(note: Mapping[str, Any], neighbours: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The offline A-Mem links and neighbour updates of a new note (see the module docstring)."""
+    words = {w for k in note.get("keywords") or [] for w in content_words(str(k))}
+    links, updates = [], []
+    for n in neighbours:
+        theirs = content_words(str(n["content"])) | {w for k in n.get("keywords") or [] for w in content_words(str(k))}
+        if not words & theirs:
+            continue
+        links.append(str(n["id"]))
+        old = list(n.get("tags") or [])
+        merged = old + [t for t in note.get("tags") or [] if t not in old]
+        if merged != old:
+            updates.append({"id": str(n["id"]), "context": "", "tags": merged})
+    return {"links": links, "updates": updates}
+
+
+__all__ += ["amem_evolve", "amem_note", "ordered_content_words"]
+
+
+# -- MemoryOS --------------------------------------------------------------------------------------------------
+
+
+def memoryos_promote(pages: list[Mapping[str, Any]], profile: str, max_facts: int) -> dict[str, Any]:
+    """The offline MemoryOS profile and knowledge of a hot segment (see the module docstring)."""
+    facts = []
+    for page in pages:
+        for match in _SENTENCE.finditer(str(page["text"])):
+            sentence = match.group().strip()
+            if sentence and not sentence.endswith("?") and heuristic_information_value(sentence) >= FACT_THRESHOLD:
+                facts.append({"page": int(page["id"]), "fact": sentence})
+    facts = facts[:max(0, max_facts)]
+    named = set(_WORD.findall(profile.lower())) & set(TOPICS)
+    met = named | {t for f in facts for t in topics(content_words(f["fact"]))}
+    return {"profile": f"Topics the user talks about: {', '.join(sorted(met))}." if met else profile,
+            "knowledge": facts}
+
+
+__all__ += ["memoryos_promote"]
+
+
+# -- THEANINE --------------------------------------------------------------------------------------------------
+
+CAUSE_WORDS = frozenset("because so since therefore due".split())
+
+
+def theanine_links(memory: str, candidates: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The offline THEANINE links of a new memory (see the module docstring)."""
+    words = content_words(memory)
+    relation = "causal" if set(_WORD.findall(memory.lower())) & CAUSE_WORDS else "temporal"
+    return {"links": [{"id": str(c["id"]), "relation": relation} for c in candidates
+                      if words & content_words(str(c["text"]))]}
+
+
+def theanine_refine(utterance: str, timelines: list[list[Mapping[str, Any]]]) -> str:
+    """The offline THEANINE context of the retrieved timelines (see the module docstring)."""
+    words = content_words(utterance)
+    kept: dict[tuple[int, str], str | None] = {}
+    for steps in timelines:
+        chosen = [s for s in steps if words & content_words(str(s["text"]))] or list(steps[-1:])
+        for s in chosen:
+            kept.setdefault((int(s["session"]), str(s["text"])), s.get("relation"))
+    sentences = []
+    for (session, text), relation in sorted(kept.items(), key=lambda kv: kv[0][0]):
+        body = text.rstrip(".!?") + "."
+        sentences.append(f"{'As a result, in' if relation == 'causal' else 'In'} session {session + 1}, {body}")
+    return " ".join(sentences) if sentences else "Nothing relevant."
+
+
+__all__ += ["CAUSE_WORDS", "theanine_links", "theanine_refine"]

@@ -3,9 +3,14 @@ the memory-update decision (Mem0). Each has its task name, so the offline back e
 (`icml_jax.baselines.offline_answers`), and carries its structured inputs in `metadata` (never labels).
 Table 6's memory methods add theirs: the running summary update (Rsum), the session memory and its compression
 (COMEDY), memo writing and memo retrieval (MemoChat)."""
+the memory-update decision (Mem0); both speakers' personas (LD-Agent); note construction and evolution (A-Mem);
+the promotion of a hot segment (MemoryOS); relation links and timeline refinement (THEANINE). Each has its task
+name, so the offline back end answers it (`icml_jax.baselines.offline_answers`), and carries its structured
+inputs in `metadata` (never labels)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -308,6 +313,59 @@ def parse_compressive(response: LLMResponse) -> tuple[dict[str, Any] | None, str
     """({"user_profile": str, "relationship": str, "events": [str]}, problem), leniently (a list for a text part, a
     string for the events); None when the answer is unusable: not an object, or every part empty or unreadable. A
     problem with a result means some part was left out."""
+# -- LD-Agent (icml_jax.baselines.ld_agent): persona extraction for both speakers ------------------------------
+
+TASK_LD_PERSONA = "baseline_ld_persona"
+PERSONA_SPEAKERS: tuple[str, ...] = ("user", "agent")
+PERSONA_INSTRUCTION = (
+    "List the lasting traits of each speaker of the session below: the user's (turns marked USER) and the "
+    "assistant's (the other turns): personality, background, preferences, habits, each as one short "
+    "self-contained sentence with the id of the turn it comes from; at most {max_traits} per speaker. Passing "
+    "moods, requests and questions are not traits. Answer with a JSON object: "
+    '{{"user": [{{"turn": id, "trait": "..."}}, ...], "agent": [{{"turn": id, "trait": "..."}}, ...]}}, with '
+    "empty lists when there is none.")
+_TRAITS_SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "items": {"type": "object", "properties": {"turn": {"type": "integer", "minimum": 0},
+                                               "trait": {"type": "string"}}, "required": ["turn", "trait"]},
+}
+PERSONA_SCHEMA: dict[str, Any] = {
+    "type": "object", "properties": {s: _TRAITS_SCHEMA for s in PERSONA_SPEAKERS}, "required": list(PERSONA_SPEAKERS)}
+
+
+def ld_persona_request(turns: Turns, *, max_traits: int = 5, max_output_tokens: int = 256,
+                       metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask for both speakers' persona traits in one finished session (LD-Agent's persona extractor)."""
+    prompt = f"{PERSONA_INSTRUCTION.format(max_traits=max_traits)}\n\nSession:\n{_turn_lines(turns)}"
+    return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=PERSONA_SCHEMA,
+                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_LD_PERSONA,
+                      metadata={"turns": _turns_md(turns), "max_traits": int(max_traits), **dict(metadata or {})})
+
+
+def turn_items(items: Any, key: str) -> tuple[list[tuple[int | None, str]] | None, list[str]]:
+    """(items as (turn id or None, text), problems) from a JSON list of {"turn", key} objects or strings; None
+    when `items` is not a list. Items without a text are left out, items without a usable turn id keep None."""
+    if not isinstance(items, list):
+        return None, [f"expected a list, got {type(items).__name__}"]
+    out, problems = [], []
+    for item in items:
+        text = item.get(key) if isinstance(item, dict) else item
+        if not isinstance(text, str) or not text.strip():
+            problems.append(f"item without a {key} text: {item!r}"[:120])
+            continue
+        turn = item.get("turn") if isinstance(item, dict) else None
+        if isinstance(turn, str) and turn.strip().isdigit():
+            turn = int(turn)
+        if not isinstance(turn, int) or isinstance(turn, bool):
+            problems.append(f"{key} without a turn id: {text[:60]!r}")
+            turn = None
+        out.append((turn, " ".join(text.split())))
+    return out, problems
+
+
+def parse_personas(response: LLMResponse) -> tuple[dict[str, list[tuple[int | None, str]]] | None, str | None]:
+    """({"user": traits, "agent": traits}, problem), each trait (turn id or None, text); None when the answer is
+    not a JSON object; a speaker whose list is missing or unusable gets no traits and a problem."""
     value, error = _value(response)
     if error is not None:
         return None, error
@@ -403,3 +461,303 @@ __all__ += ["COMEDY_SCHEMA", "MEMOCHAT_RETRIEVE_SCHEMA", "MEMOCHAT_WRITE_SCHEMA"
             "TASK_COMEDY_COMPRESS", "TASK_COMEDY_SESSION", "TASK_MEMOCHAT_RETRIEVE", "TASK_MEMOCHAT_WRITE",
             "TASK_RSUM_UPDATE", "comedy_compress_request", "comedy_session_request", "memochat_retrieve_request",
             "memochat_write_request", "parse_compressive", "parse_memos", "parse_selection", "rsum_update_request"]
+    out, problems = {}, []
+    for speaker in PERSONA_SPEAKERS:
+        traits, why = turn_items(value.get(speaker, []), "trait")
+        out[speaker] = traits or []
+        problems += [f"{speaker}: {p}" for p in why]
+    return out, "; ".join(problems) or None
+
+
+BASELINE_TASKS += (TASK_LD_PERSONA,)
+__all__ += ["PERSONA_SCHEMA", "PERSONA_SPEAKERS", "TASK_LD_PERSONA", "ld_persona_request", "parse_personas",
+            "turn_items"]
+
+
+# -- A-Mem (icml_jax.baselines.a_mem): note construction and memory evolution -----------------------------------
+
+TASK_AMEM_NOTE = "baseline_amem_note"
+TASK_AMEM_EVOLVE = "baseline_amem_evolve"
+AMEM_NOTE_INSTRUCTION = (
+    "The user's turn below may be worth a note in the assistant's long-term memory. Decide whether it is (keep "
+    "is false for small talk, passing moods, requests and questions that reveal nothing lasting) and describe it "
+    "as a note: at most {max_keywords} keywords (the turn's most important words), a few category tags, and a "
+    "one-sentence context saying what the turn is about and why it matters. Answer with a JSON object: "
+    '{{"keep": true | false, "keywords": ["..."], "tags": ["..."], "context": "..."}}.')
+AMEM_EVOLVE_INSTRUCTION = (
+    "A new note of the assistant's memory about the user and the most similar stored notes (each with its id "
+    "attribute) follow. Decide which stored notes the new note should link to (those about a related matter), "
+    "and whether any linked note should evolve in the light of the new one: a new context sentence and/or new "
+    'tags for it. Answer with a JSON object: {"links": [ids], "updates": [{"id": id, "context": "new context or '
+    'empty to keep it", "tags": ["new tags"] or [] to keep them}]}, with empty lists when nothing changes.')
+AMEM_NOTE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"keep": {"type": "boolean"}, "keywords": {"type": "array", "items": {"type": "string"}},
+                   "tags": {"type": "array", "items": {"type": "string"}}, "context": {"type": "string"}},
+    "required": ["keep", "keywords", "tags", "context"],
+}
+AMEM_EVOLVE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "links": {"type": "array", "items": {"type": "string"}},
+        "updates": {"type": "array", "items": {
+            "type": "object", "properties": {"id": {"type": "string"}, "context": {"type": "string"},
+                                             "tags": {"type": "array", "items": {"type": "string"}}},
+            "required": ["id", "context", "tags"]}},
+    },
+    "required": ["links", "updates"],
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class NoteFields:
+    """What an A-Mem note holds besides its content (the turn): keywords, tags and a context sentence."""
+
+    keywords: tuple[str, ...]
+    tags: tuple[str, ...]
+    context: str
+
+    def render(self, content: str) -> str:
+        """The note as the evolution prompt shows it."""
+        return (f"{content}\nkeywords: {', '.join(self.keywords) or '-'}\ntags: {', '.join(self.tags) or '-'}\n"
+                f"context: {self.context or '-'}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"keywords": list(self.keywords), "tags": list(self.tags), "context": self.context}
+
+
+def amem_note_request(text: str, *, context: Dialogue = (), max_keywords: int = 5, max_output_tokens: int = 256,
+                      metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask whether one user turn becomes a note and for its keywords, tags and context (A-Mem's note
+    construction); `context` is the recent dialogue before it."""
+    shown = f"Earlier dialogue (context only):\n{dialogue_block(context, 4)}\n\n" if context else ""
+    prompt = (f"{AMEM_NOTE_INSTRUCTION.format(max_keywords=max_keywords)}\n\n{shown}User turn:\n"
+              f"{quote('dialogue', text)}")
+    return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=AMEM_NOTE_SCHEMA,
+                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_AMEM_NOTE,
+                      metadata={"text": text, "max_keywords": int(max_keywords), **dict(metadata or {})})
+
+
+def amem_evolve_request(content: str, note: NoteFields, neighbours: Sequence[tuple[str, str, NoteFields]], *,
+                        max_output_tokens: int = 256, metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask which of the shown `neighbours` ((id, content, fields)) a new note links to and how they evolve."""
+    listed = "\n".join(quote("memory", f.render(c), id=i) for i, c, f in neighbours)
+    new = quote("memory", note.render(content))
+    prompt = f"{AMEM_EVOLVE_INSTRUCTION}\n\nStored notes:\n{listed}\n\nNew note:\n{new}"
+    return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=AMEM_EVOLVE_SCHEMA,
+                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_AMEM_EVOLVE,
+                      metadata={"note": {"content": content, **note.as_dict()},
+                                "neighbours": [{"id": i, "content": c, **f.as_dict()} for i, c, f in neighbours],
+                                **dict(metadata or {})})
+
+
+def _strings(value: Any, what: str, problems: list[str]) -> tuple[str, ...]:
+    """A JSON list of strings as a tuple of cleaned, distinct, non-empty strings; anything else is a problem."""
+    if not isinstance(value, list):
+        problems.append(f"{what}: expected a list, got {type(value).__name__}")
+        return ()
+    if not all(isinstance(v, str) for v in value):
+        problems.append(f"{what}: items that are not strings left out")
+    return tuple(dict.fromkeys(" ".join(v.split()) for v in value if isinstance(v, str) and v.strip()))
+
+
+def parse_note(response: LLMResponse) -> tuple[tuple[bool, NoteFields] | None, str | None]:
+    """((keep, fields), problem): None when the answer is not a JSON object; a missing or unusable keep is
+    True (nothing is dropped on a bad answer), unusable keywords / tags / context are empty, each a problem."""
+    value, error = _value(response)
+    if error is not None:
+        return None, error
+    if not isinstance(value, dict):
+        return None, f"expected a JSON object, got {type(value).__name__}"
+    problems: list[str] = []
+    keep = value.get("keep")
+    if not isinstance(keep, bool):
+        problems.append(f"keep is not a boolean: {keep!r}"[:80])
+        keep = True
+    keywords = _strings(value.get("keywords"), "keywords", problems)
+    tags = _strings(value.get("tags"), "tags", problems)
+    context = value.get("context")
+    if not isinstance(context, str):
+        problems.append(f"context is not a string: {context!r}"[:80])
+        context = ""
+    return (keep, NoteFields(keywords, tags, " ".join(context.split()))), "; ".join(problems) or None
+
+
+def parse_evolution(response: LLMResponse, ids: Sequence[str]
+                    ) -> tuple[tuple[list[str], dict[str, tuple[str, tuple[str, ...]]]] | None, str | None]:
+    """((linked ids, {id: (new context or "", new tags or ())}), problem); None when the answer is not a JSON
+    object. Ids that were not shown are left out, each a problem."""
+    value, error = _value(response)
+    if error is not None:
+        return None, error
+    if not isinstance(value, dict):
+        return None, f"expected a JSON object, got {type(value).__name__}"
+    problems: list[str] = []
+    raw_links = value.get("links", [])
+    if isinstance(raw_links, list):  # ids given as numbers are ids too
+        raw_links = [str(i) if isinstance(i, int) and not isinstance(i, bool) else i for i in raw_links]
+    links = list(_strings(raw_links, "links", problems))
+    for bad in [i for i in links if i not in ids]:
+        problems.append(f"link to id {bad!r}, not one of those shown {list(ids)}")
+    links = list(dict.fromkeys(i for i in links if i in ids))
+    updates: dict[str, tuple[str, tuple[str, ...]]] = {}
+    raw = value.get("updates", [])
+    if not isinstance(raw, list):
+        problems.append(f"updates: expected a list, got {type(raw).__name__}")
+        raw = []
+    for item in raw:
+        memory_id = str(item.get("id", "")).strip() if isinstance(item, dict) else None  # numbers read as ids
+        if memory_id not in ids:
+            problems.append(f"update of {item!r}, not one of the notes shown {list(ids)}"[:160])
+            continue
+        context = item.get("context") if isinstance(item.get("context"), str) else ""
+        tags = _strings(item.get("tags", []), f"tags of {memory_id}", problems)
+        updates[memory_id] = (" ".join(context.split()), tags)
+    return (links, updates), "; ".join(problems) or None
+
+
+BASELINE_TASKS += (TASK_AMEM_NOTE, TASK_AMEM_EVOLVE)
+__all__ += ["AMEM_EVOLVE_SCHEMA", "AMEM_NOTE_SCHEMA", "NoteFields", "TASK_AMEM_EVOLVE", "TASK_AMEM_NOTE",
+            "amem_evolve_request", "amem_note_request", "parse_evolution", "parse_note"]
+
+
+# -- MemoryOS (icml_jax.baselines.memoryos): promotion of a hot mid-term segment to the persona ------------------
+
+TASK_MEMORYOS_PROMOTE = "baseline_memoryos_promote"
+MEMORYOS_PROMOTE_INSTRUCTION = (
+    "The pages below are a topic segment of the assistant's memory that the user keeps coming back to, each with "
+    "its id attribute, and the user profile written so far. Update the profile (a few sentences on who the user "
+    "is: traits, preferences, circumstances; keep what is still true) and list the lasting facts about the user "
+    "that the pages reveal, each as one short self-contained sentence with the id of the page it comes from; at "
+    'most {max_facts} facts. Answer with a JSON object: {{"profile": "...", "knowledge": [{{"page": id, "fact": '
+    '"..."}}, ...]}}.')
+MEMORYOS_PROMOTE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "profile": {"type": "string"},
+        "knowledge": {"type": "array", "items": {
+            "type": "object", "properties": {"page": {"type": "integer", "minimum": 0}, "fact": {"type": "string"}},
+            "required": ["page", "fact"]}},
+    },
+    "required": ["profile", "knowledge"],
+}
+
+
+def memoryos_promote_request(pages: Sequence[str], profile: str, *, max_facts: int = 5,
+                             max_output_tokens: int = 384, metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask for the updated user profile and the facts of one hot segment's `pages` (their ids: list positions)."""
+    listed = "\n".join(quote("memory", text, id=str(i)) for i, text in enumerate(pages))
+    prompt = (f"{MEMORYOS_PROMOTE_INSTRUCTION.format(max_facts=max_facts)}\n\nUser profile so far:\n"
+              f"{quote('memory', profile) if profile else '(empty)'}\n\nSegment pages:\n{listed}")
+    return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=MEMORYOS_PROMOTE_SCHEMA,
+                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_MEMORYOS_PROMOTE,
+                      metadata={"pages": [{"id": str(i), "text": t} for i, t in enumerate(pages)],
+                                "profile": profile, "max_facts": int(max_facts), **dict(metadata or {})})
+
+
+def parse_promotion(response: LLMResponse) -> tuple[tuple[str, list[tuple[int | None, str]]] | None, str | None]:
+    """((profile, facts as (page id or None, text)), problem); None when the answer is not a JSON object. An
+    unusable profile is "" and unusable facts are none, each a problem."""
+    value, error = _value(response)
+    if error is not None:
+        return None, error
+    if not isinstance(value, dict):
+        return None, f"expected a JSON object, got {type(value).__name__}"
+    problems = []
+    profile = value.get("profile")
+    if not isinstance(profile, str):
+        problems.append(f"profile is not a string: {profile!r}"[:80])
+        profile = ""
+    items = [{"turn": i.get("page"), "fact": i.get("fact")} if isinstance(i, dict) else i
+             for i in value.get("knowledge", [])] if isinstance(value.get("knowledge", []), list) else None
+    facts, why = turn_items(items, "fact")
+    problems += [f"knowledge: {p}".replace("turn id", "page id") for p in why]
+    return (" ".join(profile.split()), facts or []), "; ".join(problems) or None
+
+
+BASELINE_TASKS += (TASK_MEMORYOS_PROMOTE,)
+__all__ += ["MEMORYOS_PROMOTE_SCHEMA", "TASK_MEMORYOS_PROMOTE", "memoryos_promote_request", "parse_promotion"]
+
+
+# -- THEANINE (icml_jax.baselines.theanine): relation links between memories and timeline refinement -------------
+
+TASK_THEANINE_LINK = "baseline_theanine_link"
+TASK_THEANINE_REFINE = "baseline_theanine_refine"
+THEANINE_RELATIONS: tuple[str, ...] = ("temporal", "causal")
+THEANINE_LINK_INSTRUCTION = (
+    "A new memory about the user and earlier memories that may be related (each with its id attribute) follow. "
+    "For each earlier memory that the new one continues, name the relation: causal when the earlier one is a "
+    "cause or reason of the new one, temporal when the new one is a later development of the same matter. Leave "
+    'out unrelated memories. Answer with a JSON object: {"links": [{"id": id, "relation": "causal" | '
+    '"temporal"}, ...]}, with an empty list when nothing is related.')
+THEANINE_REFINE_INSTRUCTION = (
+    "The user's latest utterance and timelines of the assistant's memories about the user (oldest first, each "
+    "step with its relation) follow. Write the compact context a reply needs: what of these timelines bears on "
+    "the utterance, and how it developed over time, in at most three sentences. Keep names, dates and numbers "
+    "exactly. Output only the context.")
+THEANINE_LINK_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"links": {"type": "array", "items": {
+        "type": "object", "properties": {"id": {"type": "string"},
+                                         "relation": {"type": "string", "enum": list(THEANINE_RELATIONS)}},
+        "required": ["id", "relation"]}}},
+    "required": ["links"],
+}
+
+TimelineStep = tuple[int, str, str | None]  # (session, memory text, relation to the previous step or None)
+
+
+def theanine_link_request(memory: str, candidates: Sequence[tuple[str, str]], *, max_output_tokens: int = 256,
+                          metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask which earlier `candidates` ((id, text)) a new memory continues, and by which relation."""
+    listed = "\n".join(quote("memory", text, id=i) for i, text in candidates)
+    prompt = f"{THEANINE_LINK_INSTRUCTION}\n\nEarlier memories:\n{listed}\n\nNew memory:\n{quote('memory', memory)}"
+    return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=THEANINE_LINK_SCHEMA,
+                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_THEANINE_LINK,
+                      metadata={"memory": memory, "candidates": [{"id": i, "text": t} for i, t in candidates],
+                                **dict(metadata or {})})
+
+
+def render_timeline(steps: Sequence[TimelineStep]) -> str:
+    """A timeline as lines, oldest first: '[session n] text', later steps prefixed with their relation."""
+    return "\n".join(f"{'' if rel is None else f'-> ({rel}) '}[session {s + 1}] {text}" for s, text, rel in steps)
+
+
+def theanine_refine_request(utterance: str, timelines: Sequence[Sequence[TimelineStep]], *,
+                            context: Dialogue = (), max_output_tokens: int = 192,
+                            metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask for the compact context of the retrieved `timelines` for replying to `utterance`."""
+    shown = "\n".join(quote("memory", render_timeline(steps), id=str(i)) for i, steps in enumerate(timelines))
+    prompt = (f"{THEANINE_REFINE_INSTRUCTION}\n\nRecent dialogue:\n{dialogue_block(context, 4)}\n\nUtterance:\n"
+              f"{quote('dialogue', utterance)}\n\nTimelines:\n{shown}\n\nContext:")
+    return LLMRequest(prompt=prompt, system=MEMORY_SYSTEM, max_output_tokens=max_output_tokens, temperature=0.0,
+                      task=TASK_THEANINE_REFINE,
+                      metadata={"utterance": utterance,
+                                "timelines": [[{"session": s, "text": t, "relation": r} for s, t, r in steps]
+                                              for steps in timelines], **dict(metadata or {})})
+
+
+def parse_links(response: LLMResponse, ids: Sequence[str]) -> tuple[list[tuple[str, str]] | None, str | None]:
+    """([(candidate id, relation)], problem); None when the answer has no usable list of links. Links to ids
+    not shown or with an unknown relation are left out, each a problem; an id linked twice keeps its first."""
+    value, error = _value(response)
+    if error is not None:
+        return None, error
+    items = value.get("links") if isinstance(value, dict) else value
+    if not isinstance(items, list):
+        return None, f"expected a list of links, got {type(items).__name__}"
+    links: dict[str, str] = {}
+    problems = []
+    for item in items:
+        memory_id = str(item.get("id", "")).strip() if isinstance(item, dict) else ""
+        relation = str(item.get("relation", "")).strip().lower() if isinstance(item, dict) else ""
+        if memory_id not in ids or relation not in THEANINE_RELATIONS:
+            problems.append(f"link {item!r} (ids shown {list(ids)}, relations {list(THEANINE_RELATIONS)})"[:160])
+            continue
+        links.setdefault(memory_id, relation)
+    return list(links.items()), "; ".join(problems) or None
+
+
+BASELINE_TASKS += (TASK_THEANINE_LINK, TASK_THEANINE_REFINE)
+__all__ += ["TASK_THEANINE_LINK", "TASK_THEANINE_REFINE", "THEANINE_LINK_SCHEMA", "THEANINE_RELATIONS",
+            "TimelineStep", "parse_links", "render_timeline", "theanine_link_request", "theanine_refine_request"]

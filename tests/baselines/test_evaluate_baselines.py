@@ -71,4 +71,18 @@ def test_every_baseline_plays_the_evaluation(demo, tmp_path, name):
     elif name == "memochat":  # memo writing per earlier session, one retrieval per reply asked for after the first
         assert calls == len(rows) + final + setting["stats"]["retrievals"] and setting["stats"]["memos"] > 0
         assert setting["stats"]["retrievals"] >= len(rows) and any(r["memory_refs"] for r in rows)
+    elif name == "ld_agent":  # a summary and a persona request per earlier session
+        assert calls == len(rows) + 2 * final and setting["stats"]["events"] == final
+        assert all(r["memory_refs"] for r in rows)
+    elif name == "a_mem":  # a note call per acted turn, an evolution call per note with candidates
+        stats = setting["stats"]
+        assert calls == len(rows) + acted + max(stats["notes"] - 1, 0) and stats["notes"] + stats["skipped"] == acted
+    elif name == "memoryos":  # every acted turn a page; promotion calls only for hot segments
+        stats = setting["stats"]
+        assert stats["pages"] == acted and calls == len(rows) + stats["promotions"]
+        assert stats["overflowed"] == max(0, acted - setting["short_term_pages"])
+    elif name == "theanine":  # facts per earlier session, link calls, a refinement per recall with memory
+        stats = setting["stats"]
+        assert stats["memories"] > 0 and stats["refinements"] >= len(rows) and all(r["memory_refs"] for r in rows)
+        assert calls >= len(rows) + final + stats["refinements"]
     assert content["memory"]["needed_pairs"] > 0  # trigger recall is measured from memory_refs

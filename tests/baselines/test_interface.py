@@ -20,7 +20,7 @@ ROOT = Path(__file__).parents[2]
 
 def test_registry_names_and_unknown_name():
     assert list(BASELINES) == ["no_memory", "long_context", "dense", "heuristic", "memorybank", "mem0", "memochat",
-                               "rsum", "comedy"]
+                               "rsum", "comedy", "ld_agent", "a_mem", "memoryos", "theanine"]
     assert all(baseline_factory(n) is BASELINES[n] for n in BASELINES)
     with pytest.raises(ValueError, match="unknown baseline 'rag'.*no_memory, long_context, dense, heuristic"):
         baseline_factory("rag")
