@@ -1,12 +1,9 @@
 """The baselines' own LLM requests: a session summary and fact extraction (MemoryBank), fact extraction and
-the memory-update decision (Mem0). Each has its task name, so the offline back end answers it
-(`icml_jax.baselines.offline_answers`), and carries its structured inputs in `metadata` (never labels).
-Table 6's memory methods add theirs: the running summary update (Rsum), the session memory and its compression
-(COMEDY), memo writing and memo retrieval (MemoChat)."""
 the memory-update decision (Mem0); both speakers' personas (LD-Agent); note construction and evolution (A-Mem);
-the promotion of a hot segment (MemoryOS); relation links and timeline refinement (THEANINE). Each has its task
-name, so the offline back end answers it (`icml_jax.baselines.offline_answers`), and carries its structured
-inputs in `metadata` (never labels)."""
+the promotion of a hot segment (MemoryOS); relation links and timeline refinement (THEANINE); Table 6's memory
+methods: the running summary update (Rsum), the session memory and its compression (COMEDY), memo writing and
+memo retrieval (MemoChat). Each has its task name, so the offline back end answers it
+(`icml_jax.baselines.offline_answers`), and carries its structured inputs in `metadata` (never labels)."""
 
 from __future__ import annotations
 
