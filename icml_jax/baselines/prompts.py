@@ -176,140 +176,6 @@ __all__ = ["BASELINE_TASKS", "DECIDE_SCHEMA", "FACTS_SCHEMA", "MEM0_EVENTS", "TA
            "parse_decision", "parse_facts", "summarize_request"]
 
 
-# -- Table 6's memory methods: Rsum (recursive summary), COMEDY (compressive memory), MemoChat (topic memos) ------
-
-TASK_RSUM_UPDATE = "baseline_rsum_update"
-TASK_COMEDY_SESSION = "baseline_comedy_session"
-TASK_COMEDY_COMPRESS = "baseline_comedy_compress"
-TASK_MEMOCHAT_WRITE = "baseline_memochat_write"
-TASK_MEMOCHAT_RETRIEVE = "baseline_memochat_retrieve"
-TABLE6_TASKS: tuple[str, ...] = (TASK_RSUM_UPDATE, TASK_COMEDY_SESSION, TASK_COMEDY_COMPRESS, TASK_MEMOCHAT_WRITE,
-                                 TASK_MEMOCHAT_RETRIEVE)
-BASELINE_TASKS = (*BASELINE_TASKS, *TABLE6_TASKS)
-
-RSUM_INSTRUCTION = (
-    "Below are the assistant's memory of the user so far and the conversation session that just ended. Write the "
-    "updated memory: keep what is still true from the previous memory, add what the new session revealed about "
-    "the user (who they are, their circumstances, preferences, plans and the events they told of), and replace "
-    "what the new session contradicts. Be concise and keep names, dates and numbers exactly. Output only the "
-    "updated memory.")
-COMEDY_SESSION_INSTRUCTION = (
-    "Write the memory of the conversation session below: the events it told of, what the user revealed about "
-    "themselves (character, circumstances, preferences) and how the user and the assistant got on. A few short "
-    "sentences; keep names, dates and numbers exactly. Output only the memory.")
-COMEDY_COMPRESS_INSTRUCTION = (
-    "Below are the memories of every earlier session with the user, oldest first. Compress them into one memory "
-    "of three parts: the user's profile (lasting traits, circumstances and preferences), the dynamics of the "
-    "relationship between the user and the assistant, and the past events worth recalling, each with its session. "
-    "Merge what repeats; where sessions disagree, keep the newest. Answer with a JSON object: "
-    '{"user_profile": "...", "relationship": "...", "events": ["...", ...]}.')
-MEMOCHAT_WRITE_INSTRUCTION = (
-    "Split the conversation session below into the topics it covered and write one memo per topic: a short topic "
-    "name, a one- or two-sentence summary of what was said about it (above all what the user revealed) and the "
-    "ids of the turns it spans. Greetings and small talk get no memo. Answer with a JSON object: "
-    '{"memos": [{"topic": "...", "summary": "...", "turns": [id, ...]}, ...]}, with an empty list when nothing '
-    "deserves a memo.")
-MEMOCHAT_RETRIEVE_INSTRUCTION = (
-    "A user's utterance and the memos of earlier conversations with them (each with its id attribute) follow. "
-    "Pick the memos that the reply to the utterance needs, most relevant first, at most {max_memos}; pick none "
-    'when no memo is relevant. Answer with a JSON object: {{"memos": [id, ...]}}.')
-
-COMEDY_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"user_profile": {"type": "string"}, "relationship": {"type": "string"},
-                   "events": {"type": "array", "items": {"type": "string"}}},
-    "required": ["user_profile", "relationship", "events"],
-}
-MEMOCHAT_WRITE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "memos": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"topic": {"type": "string"}, "summary": {"type": "string"},
-                               "turns": {"type": "array", "items": {"type": "integer", "minimum": 0}}},
-                "required": ["topic", "summary", "turns"],
-            },
-        },
-    },
-    "required": ["memos"],
-}
-MEMOCHAT_RETRIEVE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"memos": {"type": "array", "items": {"type": "string"}}},
-    "required": ["memos"],
-}
-
-
-def rsum_update_request(previous: str | None, turns: Turns, *, session: int, max_output_tokens: int = 256,
-                        metadata: Mapping[str, Any] | None = None) -> LLMRequest:
-    """Ask for the running summary after `session`, from the previous one (None: the first session) and its turns
-    (Rsum's memory iteration)."""
-    shown = quote("memory", previous) if previous else "(no memory yet)"
-    prompt = (f"{RSUM_INSTRUCTION}\n\nPrevious memory:\n{shown}\n\nSession {session + 1}:\n{_turn_lines(turns)}"
-              "\n\nUpdated memory:")
-    return LLMRequest(prompt=prompt, system=MEMORY_SYSTEM, max_output_tokens=max_output_tokens, temperature=0.0,
-                      task=TASK_RSUM_UPDATE, metadata={"session": int(session), "previous": previous or "",
-                                                       "turns": _turns_md(turns), **dict(metadata or {})})
-
-
-def comedy_session_request(turns: Turns, *, session: int, max_output_tokens: int = 192,
-                           metadata: Mapping[str, Any] | None = None) -> LLMRequest:
-    """Ask for the session-level memory of one finished session (COMEDY's first task)."""
-    prompt = f"{COMEDY_SESSION_INSTRUCTION}\n\nSession {session + 1}:\n{_turn_lines(turns)}\n\nMemory:"
-    return LLMRequest(prompt=prompt, system=MEMORY_SYSTEM, max_output_tokens=max_output_tokens, temperature=0.0,
-                      task=TASK_COMEDY_SESSION,
-                      metadata={"session": int(session), "turns": _turns_md(turns), **dict(metadata or {})})
-
-
-def comedy_compress_request(memories: Sequence[tuple[int, str]], *, max_output_tokens: int = 384,
-                            metadata: Mapping[str, Any] | None = None) -> LLMRequest:
-    """Ask for the one compressive memory of the session memories ((session, text), oldest first; COMEDY's
-    second task)."""
-    listed = "\n".join(quote("memory", text, session=str(s + 1)) for s, text in memories) or "(none)"
-    prompt = f"{COMEDY_COMPRESS_INSTRUCTION}\n\nSession memories:\n{listed}"
-    return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=COMEDY_SCHEMA,
-                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_COMEDY_COMPRESS,
-                      metadata={"memories": [{"session": int(s), "text": text} for s, text in memories],
-                                **dict(metadata or {})})
-
-
-def memochat_write_request(turns: Turns, *, session: int, max_output_tokens: int = 384,
-                           metadata: Mapping[str, Any] | None = None) -> LLMRequest:
-    """Ask for the topic memos of one finished session (MemoChat's memo writing)."""
-    prompt = f"{MEMOCHAT_WRITE_INSTRUCTION}\n\nSession {session + 1}:\n{_turn_lines(turns)}"
-    return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=MEMOCHAT_WRITE_SCHEMA,
-                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_MEMOCHAT_WRITE,
-                      metadata={"session": int(session), "turns": _turns_md(turns), **dict(metadata or {})})
-
-
-def memochat_retrieve_request(utterance: str, memos: Sequence[tuple[str, str, str]], *, max_memos: int,
-                              max_output_tokens: int = 64, metadata: Mapping[str, Any] | None = None) -> LLMRequest:
-    """Ask which of the memos ((id, topic, summary)) the reply to `utterance` needs (MemoChat's retrieval)."""
-    listed = "\n".join(quote("memory", f"{topic}: {summary}", id=i) for i, topic, summary in memos) or "(none)"
-    prompt = (f"{MEMOCHAT_RETRIEVE_INSTRUCTION.format(max_memos=max_memos)}\n\nMemos:\n{listed}\n\n"
-              f"Utterance:\n{quote('dialogue', utterance)}")
-    return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=MEMOCHAT_RETRIEVE_SCHEMA,
-                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_MEMOCHAT_RETRIEVE,
-                      metadata={"utterance": utterance, "max_memos": int(max_memos),
-                                "memos": [{"id": i, "topic": t, "summary": s} for i, t, s in memos],
-                                **dict(metadata or {})})
-
-
-def _joined(value: Any) -> str | None:
-    """A text field of an answer: a string (whitespace collapsed) or a list of strings joined by '; '; None: neither."""
-    if isinstance(value, str):
-        return " ".join(value.split())
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return "; ".join(" ".join(v.split()) for v in value if v.strip())
-    return None
-
-
-def parse_compressive(response: LLMResponse) -> tuple[dict[str, Any] | None, str | None]:
-    """({"user_profile": str, "relationship": str, "events": [str]}, problem), leniently (a list for a text part, a
-    string for the events); None when the answer is unusable: not an object, or every part empty or unreadable. A
-    problem with a result means some part was left out."""
 # -- LD-Agent (icml_jax.baselines.ld_agent): persona extraction for both speakers ------------------------------
 
 TASK_LD_PERSONA = "baseline_ld_persona"
@@ -368,96 +234,6 @@ def parse_personas(response: LLMResponse) -> tuple[dict[str, list[tuple[int | No
         return None, error
     if not isinstance(value, dict):
         return None, f"expected a JSON object, got {type(value).__name__}"
-    out: dict[str, Any] = {}
-    problems = []
-    for key in ("user_profile", "relationship"):
-        text = _joined(value.get(key, ""))
-        if text is None:
-            problems.append(f"{key} is not a text: {value.get(key)!r}"[:120])
-        out[key] = text or ""
-    events = value.get("events", [])
-    events = [events] if isinstance(events, str) else events
-    if not isinstance(events, list):
-        problems.append(f"events is not a list: {events!r}"[:120])
-        events = []
-    out["events"] = []
-    for event in events:
-        if isinstance(event, str) and event.strip():
-            out["events"].append(" ".join(event.split()))
-        else:
-            problems.append(f"event without a text: {event!r}"[:120])
-    if not (out["user_profile"] or out["relationship"] or out["events"]):
-        return None, "; ".join(problems) or "every part of the compressive memory is empty"
-    return out, "; ".join(problems) or None
-
-
-def _turn_ids(value: Any) -> tuple[list[int], list[str]]:
-    """Turn ids from an int, a digit string, an "a-b" range or a list of them; (ids, unreadable items)."""
-    items = value if isinstance(value, list) else [value]
-    ids, bad = [], []
-    for item in items:
-        if isinstance(item, int) and not isinstance(item, bool):
-            ids.append(item)
-        elif isinstance(item, str) and item.strip().isdigit():
-            ids.append(int(item))
-        elif isinstance(item, str) and len(parts := item.replace(" ", "").split("-")) == 2 \
-                and all(p.isdigit() for p in parts) and int(parts[0]) <= int(parts[1]):
-            ids.extend(range(int(parts[0]), int(parts[1]) + 1))
-        else:
-            bad.append(repr(item)[:40])
-    return ids, bad
-
-
-def parse_memos(response: LLMResponse, valid_turns: Sequence[int]
-                ) -> tuple[list[tuple[str, str, tuple[int, ...]]] | None, str | None]:
-    """(memos as (topic, summary, turn ids), problem): leniently, {"memos": [...]} or a bare list; turn ids as
-    ints, digit strings or "a-b" ranges. None when the answer is unusable; a problem with memos means an item
-    was left out (no topic or summary) or some turn ids were (not in `valid_turns`, unreadable)."""
-    value, error = _value(response)
-    if error is not None:
-        return None, error
-    items = value.get("memos") if isinstance(value, dict) else value
-    if not isinstance(items, list):
-        return None, f"expected a list of memos, got {type(items).__name__}"
-    valid = set(valid_turns)
-    memos, problems = [], []
-    for item in items:
-        if not isinstance(item, dict):
-            problems.append(f"memo is not an object: {item!r}"[:120])
-            continue
-        topic, summary = _joined(item.get("topic")), _joined(item.get("summary"))
-        if not topic or not summary:
-            problems.append(f"memo without a topic or summary: {item!r}"[:120])
-            continue
-        ids, bad = _turn_ids(item.get("turns", []))
-        unknown = [t for t in ids if t not in valid]
-        if bad or unknown:
-            problems.append(f"memo {topic[:40]!r}: turn ids {[*bad, *map(str, unknown)]} left out")
-        memos.append((topic, summary, tuple(dict.fromkeys(t for t in ids if t in valid))))
-    return memos, "; ".join(problems) or None
-
-
-def parse_selection(response: LLMResponse, ids: Sequence[str]) -> tuple[list[str] | None, str | None]:
-    """(the memo ids picked, in order, without repeats; problem): leniently, {"memos": [...]} or a bare list of
-    ids (strings or ints). None when the answer is unusable; a problem with ids means some picked ids were not
-    among those shown and were left out."""
-    value, error = _value(response)
-    if error is not None:
-        return None, error
-    items = value.get("memos") if isinstance(value, dict) else value
-    if not isinstance(items, list):
-        return None, f"expected a list of memo ids, got {type(items).__name__}"
-    shown = set(ids)
-    picked = [str(i).strip() for i in items if not isinstance(i, bool) and isinstance(i, (str, int))]
-    unknown = [i for i in items if isinstance(i, bool) or not isinstance(i, (str, int)) or str(i).strip() not in shown]
-    picked = list(dict.fromkeys(i for i in picked if i in shown))
-    return picked, (f"memo ids {unknown!r} were not among those shown {list(ids)}"[:200] if unknown else None)
-
-
-__all__ += ["COMEDY_SCHEMA", "MEMOCHAT_RETRIEVE_SCHEMA", "MEMOCHAT_WRITE_SCHEMA", "TABLE6_TASKS",
-            "TASK_COMEDY_COMPRESS", "TASK_COMEDY_SESSION", "TASK_MEMOCHAT_RETRIEVE", "TASK_MEMOCHAT_WRITE",
-            "TASK_RSUM_UPDATE", "comedy_compress_request", "comedy_session_request", "memochat_retrieve_request",
-            "memochat_write_request", "parse_compressive", "parse_memos", "parse_selection", "rsum_update_request"]
     out, problems = {}, []
     for speaker in PERSONA_SPEAKERS:
         traits, why = turn_items(value.get(speaker, []), "trait")
@@ -758,3 +534,234 @@ def parse_links(response: LLMResponse, ids: Sequence[str]) -> tuple[list[tuple[s
 BASELINE_TASKS += (TASK_THEANINE_LINK, TASK_THEANINE_REFINE)
 __all__ += ["TASK_THEANINE_LINK", "TASK_THEANINE_REFINE", "THEANINE_LINK_SCHEMA", "THEANINE_RELATIONS",
             "TimelineStep", "parse_links", "render_timeline", "theanine_link_request", "theanine_refine_request"]
+
+
+# -- Table 6's memory methods: Rsum (recursive summary), COMEDY (compressive memory), MemoChat (topic memos) ------
+
+TASK_RSUM_UPDATE = "baseline_rsum_update"
+TASK_COMEDY_SESSION = "baseline_comedy_session"
+TASK_COMEDY_COMPRESS = "baseline_comedy_compress"
+TASK_MEMOCHAT_WRITE = "baseline_memochat_write"
+TASK_MEMOCHAT_RETRIEVE = "baseline_memochat_retrieve"
+TABLE6_TASKS: tuple[str, ...] = (TASK_RSUM_UPDATE, TASK_COMEDY_SESSION, TASK_COMEDY_COMPRESS, TASK_MEMOCHAT_WRITE,
+                                 TASK_MEMOCHAT_RETRIEVE)
+BASELINE_TASKS = (*BASELINE_TASKS, *TABLE6_TASKS)
+
+RSUM_INSTRUCTION = (
+    "Below are the assistant's memory of the user so far and the conversation session that just ended. Write the "
+    "updated memory: keep what is still true from the previous memory, add what the new session revealed about "
+    "the user (who they are, their circumstances, preferences, plans and the events they told of), and replace "
+    "what the new session contradicts. Be concise and keep names, dates and numbers exactly. Output only the "
+    "updated memory.")
+COMEDY_SESSION_INSTRUCTION = (
+    "Write the memory of the conversation session below: the events it told of, what the user revealed about "
+    "themselves (character, circumstances, preferences) and how the user and the assistant got on. A few short "
+    "sentences; keep names, dates and numbers exactly. Output only the memory.")
+COMEDY_COMPRESS_INSTRUCTION = (
+    "Below are the memories of every earlier session with the user, oldest first. Compress them into one memory "
+    "of three parts: the user's profile (lasting traits, circumstances and preferences), the dynamics of the "
+    "relationship between the user and the assistant, and the past events worth recalling, each with its session. "
+    "Merge what repeats; where sessions disagree, keep the newest. Answer with a JSON object: "
+    '{"user_profile": "...", "relationship": "...", "events": ["...", ...]}.')
+MEMOCHAT_WRITE_INSTRUCTION = (
+    "Split the conversation session below into the topics it covered and write one memo per topic: a short topic "
+    "name, a one- or two-sentence summary of what was said about it (above all what the user revealed) and the "
+    "ids of the turns it spans. Greetings and small talk get no memo. Answer with a JSON object: "
+    '{"memos": [{"topic": "...", "summary": "...", "turns": [id, ...]}, ...]}, with an empty list when nothing '
+    "deserves a memo.")
+MEMOCHAT_RETRIEVE_INSTRUCTION = (
+    "A user's utterance and the memos of earlier conversations with them (each with its id attribute) follow. "
+    "Pick the memos that the reply to the utterance needs, most relevant first, at most {max_memos}; pick none "
+    'when no memo is relevant. Answer with a JSON object: {{"memos": [id, ...]}}.')
+
+COMEDY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"user_profile": {"type": "string"}, "relationship": {"type": "string"},
+                   "events": {"type": "array", "items": {"type": "string"}}},
+    "required": ["user_profile", "relationship", "events"],
+}
+MEMOCHAT_WRITE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "memos": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"topic": {"type": "string"}, "summary": {"type": "string"},
+                               "turns": {"type": "array", "items": {"type": "integer", "minimum": 0}}},
+                "required": ["topic", "summary", "turns"],
+            },
+        },
+    },
+    "required": ["memos"],
+}
+MEMOCHAT_RETRIEVE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"memos": {"type": "array", "items": {"type": "string"}}},
+    "required": ["memos"],
+}
+
+
+def rsum_update_request(previous: str | None, turns: Turns, *, session: int, max_output_tokens: int = 256,
+                        metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask for the running summary after `session`, from the previous one (None: the first session) and its turns
+    (Rsum's memory iteration)."""
+    shown = quote("memory", previous) if previous else "(no memory yet)"
+    prompt = (f"{RSUM_INSTRUCTION}\n\nPrevious memory:\n{shown}\n\nSession {session + 1}:\n{_turn_lines(turns)}"
+              "\n\nUpdated memory:")
+    return LLMRequest(prompt=prompt, system=MEMORY_SYSTEM, max_output_tokens=max_output_tokens, temperature=0.0,
+                      task=TASK_RSUM_UPDATE, metadata={"session": int(session), "previous": previous or "",
+                                                       "turns": _turns_md(turns), **dict(metadata or {})})
+
+
+def comedy_session_request(turns: Turns, *, session: int, max_output_tokens: int = 192,
+                           metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask for the session-level memory of one finished session (COMEDY's first task)."""
+    prompt = f"{COMEDY_SESSION_INSTRUCTION}\n\nSession {session + 1}:\n{_turn_lines(turns)}\n\nMemory:"
+    return LLMRequest(prompt=prompt, system=MEMORY_SYSTEM, max_output_tokens=max_output_tokens, temperature=0.0,
+                      task=TASK_COMEDY_SESSION,
+                      metadata={"session": int(session), "turns": _turns_md(turns), **dict(metadata or {})})
+
+
+def comedy_compress_request(memories: Sequence[tuple[int, str]], *, max_output_tokens: int = 384,
+                            metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask for the one compressive memory of the session memories ((session, text), oldest first; COMEDY's
+    second task)."""
+    listed = "\n".join(quote("memory", text, session=str(s + 1)) for s, text in memories) or "(none)"
+    prompt = f"{COMEDY_COMPRESS_INSTRUCTION}\n\nSession memories:\n{listed}"
+    return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=COMEDY_SCHEMA,
+                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_COMEDY_COMPRESS,
+                      metadata={"memories": [{"session": int(s), "text": text} for s, text in memories],
+                                **dict(metadata or {})})
+
+
+def memochat_write_request(turns: Turns, *, session: int, max_output_tokens: int = 384,
+                           metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask for the topic memos of one finished session (MemoChat's memo writing)."""
+    prompt = f"{MEMOCHAT_WRITE_INSTRUCTION}\n\nSession {session + 1}:\n{_turn_lines(turns)}"
+    return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=MEMOCHAT_WRITE_SCHEMA,
+                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_MEMOCHAT_WRITE,
+                      metadata={"session": int(session), "turns": _turns_md(turns), **dict(metadata or {})})
+
+
+def memochat_retrieve_request(utterance: str, memos: Sequence[tuple[str, str, str]], *, max_memos: int,
+                              max_output_tokens: int = 64, metadata: Mapping[str, Any] | None = None) -> LLMRequest:
+    """Ask which of the memos ((id, topic, summary)) the reply to `utterance` needs (MemoChat's retrieval)."""
+    listed = "\n".join(quote("memory", f"{topic}: {summary}", id=i) for i, topic, summary in memos) or "(none)"
+    prompt = (f"{MEMOCHAT_RETRIEVE_INSTRUCTION.format(max_memos=max_memos)}\n\nMemos:\n{listed}\n\n"
+              f"Utterance:\n{quote('dialogue', utterance)}")
+    return LLMRequest(prompt=prompt, system=JSON_SYSTEM, json_schema=MEMOCHAT_RETRIEVE_SCHEMA,
+                      max_output_tokens=max_output_tokens, temperature=0.0, task=TASK_MEMOCHAT_RETRIEVE,
+                      metadata={"utterance": utterance, "max_memos": int(max_memos),
+                                "memos": [{"id": i, "topic": t, "summary": s} for i, t, s in memos],
+                                **dict(metadata or {})})
+
+
+def _joined(value: Any) -> str | None:
+    """A text field of an answer: a string (whitespace collapsed) or a list of strings joined by '; '; None: neither."""
+    if isinstance(value, str):
+        return " ".join(value.split())
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "; ".join(" ".join(v.split()) for v in value if v.strip())
+    return None
+
+
+def parse_compressive(response: LLMResponse) -> tuple[dict[str, Any] | None, str | None]:
+    """({"user_profile": str, "relationship": str, "events": [str]}, problem), leniently (a list for a text part, a
+    string for the events); None when the answer is unusable: not an object, or every part empty or unreadable. A
+    problem with a result means some part was left out."""
+    value, error = _value(response)
+    if error is not None:
+        return None, error
+    if not isinstance(value, dict):
+        return None, f"expected a JSON object, got {type(value).__name__}"
+    out: dict[str, Any] = {}
+    problems = []
+    for key in ("user_profile", "relationship"):
+        text = _joined(value.get(key, ""))
+        if text is None:
+            problems.append(f"{key} is not a text: {value.get(key)!r}"[:120])
+        out[key] = text or ""
+    events = value.get("events", [])
+    events = [events] if isinstance(events, str) else events
+    if not isinstance(events, list):
+        problems.append(f"events is not a list: {events!r}"[:120])
+        events = []
+    out["events"] = []
+    for event in events:
+        if isinstance(event, str) and event.strip():
+            out["events"].append(" ".join(event.split()))
+        else:
+            problems.append(f"event without a text: {event!r}"[:120])
+    if not (out["user_profile"] or out["relationship"] or out["events"]):
+        return None, "; ".join(problems) or "every part of the compressive memory is empty"
+    return out, "; ".join(problems) or None
+
+
+def _turn_ids(value: Any) -> tuple[list[int], list[str]]:
+    """Turn ids from an int, a digit string, an "a-b" range or a list of them; (ids, unreadable items)."""
+    items = value if isinstance(value, list) else [value]
+    ids, bad = [], []
+    for item in items:
+        if isinstance(item, int) and not isinstance(item, bool):
+            ids.append(item)
+        elif isinstance(item, str) and item.strip().isdigit():
+            ids.append(int(item))
+        elif isinstance(item, str) and len(parts := item.replace(" ", "").split("-")) == 2 \
+                and all(p.isdigit() for p in parts) and int(parts[0]) <= int(parts[1]):
+            ids.extend(range(int(parts[0]), int(parts[1]) + 1))
+        else:
+            bad.append(repr(item)[:40])
+    return ids, bad
+
+
+def parse_memos(response: LLMResponse, valid_turns: Sequence[int]
+                ) -> tuple[list[tuple[str, str, tuple[int, ...]]] | None, str | None]:
+    """(memos as (topic, summary, turn ids), problem): leniently, {"memos": [...]} or a bare list; turn ids as
+    ints, digit strings or "a-b" ranges. None when the answer is unusable; a problem with memos means an item
+    was left out (no topic or summary) or some turn ids were (not in `valid_turns`, unreadable)."""
+    value, error = _value(response)
+    if error is not None:
+        return None, error
+    items = value.get("memos") if isinstance(value, dict) else value
+    if not isinstance(items, list):
+        return None, f"expected a list of memos, got {type(items).__name__}"
+    valid = set(valid_turns)
+    memos, problems = [], []
+    for item in items:
+        if not isinstance(item, dict):
+            problems.append(f"memo is not an object: {item!r}"[:120])
+            continue
+        topic, summary = _joined(item.get("topic")), _joined(item.get("summary"))
+        if not topic or not summary:
+            problems.append(f"memo without a topic or summary: {item!r}"[:120])
+            continue
+        ids, bad = _turn_ids(item.get("turns", []))
+        unknown = [t for t in ids if t not in valid]
+        if bad or unknown:
+            problems.append(f"memo {topic[:40]!r}: turn ids {[*bad, *map(str, unknown)]} left out")
+        memos.append((topic, summary, tuple(dict.fromkeys(t for t in ids if t in valid))))
+    return memos, "; ".join(problems) or None
+
+
+def parse_selection(response: LLMResponse, ids: Sequence[str]) -> tuple[list[str] | None, str | None]:
+    """(the memo ids picked, in order, without repeats; problem): leniently, {"memos": [...]} or a bare list of
+    ids (strings or ints). None when the answer is unusable; a problem with ids means some picked ids were not
+    among those shown and were left out."""
+    value, error = _value(response)
+    if error is not None:
+        return None, error
+    items = value.get("memos") if isinstance(value, dict) else value
+    if not isinstance(items, list):
+        return None, f"expected a list of memo ids, got {type(items).__name__}"
+    shown = set(ids)
+    picked = [str(i).strip() for i in items if not isinstance(i, bool) and isinstance(i, (str, int))]
+    unknown = [i for i in items if isinstance(i, bool) or not isinstance(i, (str, int)) or str(i).strip() not in shown]
+    picked = list(dict.fromkeys(i for i in picked if i in shown))
+    return picked, (f"memo ids {unknown!r} were not among those shown {list(ids)}"[:200] if unknown else None)
+
+
+__all__ += ["COMEDY_SCHEMA", "MEMOCHAT_RETRIEVE_SCHEMA", "MEMOCHAT_WRITE_SCHEMA", "TABLE6_TASKS",
+            "TASK_COMEDY_COMPRESS", "TASK_COMEDY_SESSION", "TASK_MEMOCHAT_RETRIEVE", "TASK_MEMOCHAT_WRITE",
+            "TASK_RSUM_UPDATE", "comedy_compress_request", "comedy_session_request", "memochat_retrieve_request",
+            "memochat_write_request", "parse_compressive", "parse_memos", "parse_selection", "rsum_update_request"]
