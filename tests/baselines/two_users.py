@@ -5,24 +5,13 @@ from __future__ import annotations
 
 from icml_jax.data.protocol import final_session_targets
 from icml_jax.evaluation.protocol import gold_history
-from tests.baselines.helpers import USER, episode
+from tests.baselines.helpers import play_two_users
 
 
 def check_two_users_never_mix(agent) -> None:
     """Plays two users' episodes interleaved session by session through `observe`, then answers each user's
     final session: no memory text, shown text or source turn of one user reaches the other."""
-    a = episode(["I have a dog named Rex in Paris."], ["My dog Rex loves Paris."], ["Where is my dog Rex?"],
-                episode_id="ep-A")
-    b = episode(["I have a cat named Tom in Rome."], ["My cat Tom loves Rome."], ["Is my dog in Rome?"],
-                episode_id="ep-B")
-    agent.reset()
-    for s in range(2):
-        for ep in (a, b):
-            history: list[tuple[str, str]] = []
-            for t, turn in enumerate(ep.sessions[s].turns):
-                if turn.speaker == USER:
-                    agent.observe(ep.episode_id, ep, s, t, history)
-                history.append((turn.speaker, turn.text))
+    a, b = play_two_users(agent)
     for ep, other in ((a, "Tom"), (b, "Rex")):
         texts = agent.memory_texts(ep.episode_id)
         assert texts and not any(other in t for t in texts)
