@@ -16,7 +16,7 @@ from icml_jax.experiments.tables import Report, aggregate
 
 COLUMNS = {"inference_tokens": "inference tok", "storage_tokens": "stored tok",
            "construction_ms": "construction ms / session", "construction_ms_per_turn": "construction ms / turn",
-           "retrieval_ms": "retrieval ms / call", "processing_s": "processing s"}
+           "retrieval_ms": "retrieval ms / call", "processing_ms": "processing ms"}
 PAPER_SYSTEMS = {"ICML": "ours", "THEANINE": "theanine", "MemoryOS": "memoryos"}  # the paper's name -> ours
 PAPER_SOURCE = ("the paper (arXiv 2609.17088v1) as transcribed in shared/docs/paper_numbers.md; these figures "
                 "compare ICML with THEANINE and MemoryOS only, and the transcription does not name their dataset "
@@ -58,6 +58,42 @@ def _series(report: Report, system: str, sessions: Sequence[int], key: str) -> l
     return out
 
 
+TOTALS = {"history_tokens": "inference tok, history sessions", "final_tokens": "inference tok, final session",
+          "stored_tokens": "stored tok, last history session", "construction_ms": "construction ms / session",
+          "retrieval_ms": "retrieval ms / call", "processing_ms": "processing ms / episode"}
+
+
+def _totals(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """One seed's per-episode figures from its per-session rows: tokens and processing time summed over sessions,
+    construction and retrieval averaged over the sessions that have them, the stored tokens at the end."""
+    def values(key: str, which: Sequence[Mapping[str, Any]]) -> list[float]:
+        return [float(r[key]) for r in which if r.get(key) is not None]
+
+    history, final = list(rows[:-1]), list(rows[-1:])
+    stored, seconds = values("storage_tokens", history), values("processing_s", rows)
+    out = {"history_tokens": sum(values("inference_tokens", history)) if values("inference_tokens", history)
+           else None, "final_tokens": (values("inference_tokens", final) or [None])[0],
+           "stored_tokens": stored[-1] if stored else None,
+           "processing_ms": 1e3 * sum(seconds) if seconds else None}
+    for key in ("construction_ms", "retrieval_ms"):
+        xs = values(key, rows)
+        out[key] = float(np.mean(xs)) if xs else None
+    return out
+
+
+def _totals_table(contents: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]) -> str:
+    """Per system, the per-episode figures of `_totals` (mean ± sd over seeds)."""
+    from icml_jax.experiments.tables import cell
+
+    lines = ["### Per episode", "", "Tokens and processing time summed over the sessions, construction (history "
+             "sessions) and retrieval (all sessions) averaged over them; mean ± sample sd over seeds.", "",
+             "| system | " + " | ".join(TOTALS.values()) + " |", "|---|" + "---:|" * len(TOTALS)]
+    for system, per_seed in contents.items():
+        stats = aggregate({seed: _totals(rows) for seed, rows in per_seed.items()})
+        lines.append(f"| {system} | " + " | ".join(cell(stats.get(k), k, len(per_seed)) for k in TOTALS) + " |")
+    return "\n".join(lines)
+
+
 def _paper_tables(report: Report, systems: Sequence[str], sessions: Sequence[int]) -> list[str]:
     """The paper's Figure 10 and 15 numbers and ours, each in columns of their own."""
     def ours(system: str, key: str, only: Sequence[int]) -> str:
@@ -79,16 +115,17 @@ def _paper_tables(report: Report, systems: Sequence[str], sessions: Sequence[int
                      f"{ours(mine, 'construction_ms', history)} | {ours(mine, 'construction_ms_per_turn', history)} "
                      f"| {ours(mine, 'retrieval_ms', sessions)} |")
     names = list(PAPER_SYSTEMS)
-    fig15 = ["### Beside the paper: Figure 15 (total processing time per session, s)", "",
-             f"Paper columns: {PAPER_SOURCE}; {PAPER_FIGURE15_NOTE}. Our columns: this run, mean over seeds.", "",
-             "| session | " + " | ".join(f"paper: {n}" for n in names) + " | "
-             + " | ".join(f"ours: `{PAPER_SYSTEMS[n]}`" for n in names) + " |",
+    fig15 = ["### Beside the paper: Figure 15 (total processing time per session)", "",
+             f"Paper columns: {PAPER_SOURCE}; seconds; {PAPER_FIGURE15_NOTE}. Our columns: this run, milliseconds "
+             "per episode, mean over seeds.", "",
+             "| session | " + " | ".join(f"paper: {n} (s)" for n in names) + " | "
+             + " | ".join(f"ours: `{PAPER_SYSTEMS[n]}` (ms)" for n in names) + " |",
              "|---|" + "---:|" * (2 * len(names))]
     for n in sorted(set(sessions) | set(range(1, len(PAPER_FIGURE15) + 1))):
         paper = PAPER_FIGURE15[n - 1] if n <= len(PAPER_FIGURE15) else ("-",) * len(names)
         fig15.append(f"| {n} | " + " | ".join(paper) + " | "
-                     + " | ".join(ours(PAPER_SYSTEMS[m], "processing_s", [n]) if n in sessions else "-"
-                                  for m in names) + " |")
+                     + " | ".join(ours(PAPER_SYSTEMS[m], "processing_ms", [n]) if n in sessions
+                                  else "-" for m in names) + " |")
     fig9 = ["### Beside the paper: Figure 9 (tokens)", "", f"The paper's Figure 9: {PAPER_FIGURE9}. Ours: the "
             "inference tok and stored tok columns above and `efficiency_tokens.png`."]
     return ["\n".join(fig9), "\n".join(fig10), "\n".join(fig15)]
@@ -101,27 +138,33 @@ def _colors(systems: Sequence[str]) -> dict[str, Any]:
     return {s: cmap(i % 20) for i, s in enumerate(systems)}
 
 
+def _legend(fig: Any, ax: Any) -> None:
+    """One legend of every system under the plot, then the layout around it."""
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=7, fontsize=7)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+
+
 def _tokens_figure(report: Report, systems: Sequence[str], sessions: Sequence[int], path: Path) -> None:
     """Figure 9's layout: inference tokens per session as bars, stored tokens as areas, one color per system."""
     import matplotlib.pyplot as plt
 
     colors, width = _colors(systems), 0.8 / len(systems)
-    fig, ax = plt.subplots(figsize=(max(8.0, 0.35 * len(systems) * len(sessions)), 4.2))
+    fig, ax = plt.subplots(figsize=(min(14.0, max(8.0, 0.2 * len(systems) * len(sessions))), 5.0))
     xs = np.arange(len(sessions), dtype=float)
     area = ax.twinx()
     for i, system in enumerate(systems):
         ax.bar(xs - 0.4 + (i + 0.5) * width, _series(report, system, sessions, "inference_tokens"), width,
                color=colors[system], label=system)
-        stored = _series(report, system, sessions, "storage_tokens")
-        area.fill_between(xs, np.nan_to_num(stored), color=colors[system], alpha=0.12, step="mid")
-        area.plot(xs, stored, color=colors[system], lw=1, drawstyle="steps-mid")
+        stored = np.array(_series(report, system, sessions, "storage_tokens"))
+        kept = np.isfinite(stored)
+        area.fill_between(xs[kept], stored[kept], color=colors[system], alpha=0.06)
+        area.plot(xs[kept], stored[kept], color=colors[system], lw=1.2)
     ax.set_xticks(xs, [str(n) for n in sessions])
     ax.set_xlabel("session")
     ax.set_ylabel("inference tokens per episode (bars)")
     area.set_ylabel("stored tokens after the session (areas)")
     ax.set_title("Figure 9 (this run): inference and storage tokens per session")
-    ax.legend(fontsize=7, ncol=2, loc="upper left")
-    fig.tight_layout()
+    _legend(fig, ax)
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
@@ -131,7 +174,7 @@ def _latency_figure(report: Report, systems: Sequence[str], sessions: Sequence[i
     import matplotlib.pyplot as plt
 
     colors = _colors(systems)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
     panels = (("construction_ms", "(a) memory construction latency (ms per session)", sessions[:-1]),
               ("retrieval_ms", "(b) memory retrieval latency (ms per call)", sessions))
     for ax, (key, title, xs) in zip(axes, panels, strict=True):
@@ -143,9 +186,8 @@ def _latency_figure(report: Report, systems: Sequence[str], sessions: Sequence[i
         ax.set_xlabel("session")
         ax.set_ylabel("ms")
         ax.set_title(title, fontsize=10)
-    axes[1].legend(fontsize=7, ncol=2)
     fig.suptitle("Figure 10 (this run)")
-    fig.tight_layout()
+    _legend(fig, axes[0])
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
@@ -155,20 +197,19 @@ def _time_figure(report: Report, systems: Sequence[str], sessions: Sequence[int]
     import matplotlib.pyplot as plt
 
     colors, width = _colors(systems), 0.8 / len(systems)
-    fig, ax = plt.subplots(figsize=(max(8.0, 0.35 * len(systems) * len(sessions)), 4.2))
+    fig, ax = plt.subplots(figsize=(min(14.0, max(8.0, 0.2 * len(systems) * len(sessions))), 5.0))
     xs = np.arange(len(sessions), dtype=float)
     for i, system in enumerate(systems):
-        ys = _series(report, system, sessions, "processing_s")
+        ys = [y / 1e3 for y in _series(report, system, sessions, "processing_ms")]
         bars = ax.bar(xs - 0.4 + (i + 0.5) * width, ys, width, color=colors[system], label=system)
         if system == "ours":
-            ax.bar_label(bars, labels=[f"{y:.2f}" if np.isfinite(y) else "" for y in ys], fontsize=7)
+            ax.bar_label(bars, labels=[f"{y:.3g}" if np.isfinite(y) else "" for y in ys], fontsize=7)
     ax.set_yscale("log")
     ax.set_xticks(xs, [str(n) for n in sessions])
     ax.set_xlabel("session")
     ax.set_ylabel("total processing time per episode (s)")
     ax.set_title("Figure 15 (this run): total processing time per session")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+    _legend(fig, ax)
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
@@ -185,14 +226,17 @@ def efficiency_report(contents: Mapping[str, Mapping[int, Mapping[str, Any]]]) -
         for seed, rows in per_seed.items():
             for row in rows:
                 sessions.add(int(row["session"]))
-                report.rows.setdefault(_row(system, int(row["session"])), {})[seed] = {k: row.get(k) for k in COLUMNS}
+                seconds = row.get("processing_s")
+                metrics = {k: row.get(k) for k in COLUMNS} | {
+                    "processing_ms": None if seconds is None else 1e3 * float(seconds)}
+                report.rows.setdefault(_row(system, int(row["session"])), {})[seed] = metrics
     order = sorted(sessions)
     report.rows = {_row(s, n): report.rows[_row(s, n)] for s in systems for n in order if _row(s, n) in report.rows}
     report.figures = {
         "tokens": lambda path: _tokens_figure(report, systems, order, path),
         "latency": lambda path: _latency_figure(report, systems, order, path),
         "time": lambda path: _time_figure(report, systems, order, path)}
-    report.sections = _paper_tables(report, systems, order)
+    report.sections = [_totals_table(contents), *_paper_tables(report, systems, order)]
     report.extra["paper"] = {"source": PAPER_SOURCE, "figure9": PAPER_FIGURE9,
                              "figure10_ms": {k: {"construction": c, "retrieval": r}
                                              for k, (c, r) in PAPER_FIGURE10.items()},
@@ -205,7 +249,8 @@ def efficiency_report(contents: Mapping[str, Mapping[int, Mapping[str, Any]]]) -
         "stored tok = tokens of the stored memories after the session (none after the final session, which "
         "changes no memory); construction = the session's memory construction time (all its observed turns and "
         "its end), also per observed turn; retrieval = time per memory choice (one per observed turn, one per "
-        "target in the final session); processing s = the session's wall time in the protocol.",
+        "target in the final session); processing = the session's wall time in the protocol (Figure 15's total "
+        "processing time, here in ms).",
         "Latencies are host wall time, leaving out each evaluation's first episode (it compiles); answers the "
         "shared cache already held cost no back-end time."]
     return report

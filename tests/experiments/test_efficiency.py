@@ -31,8 +31,14 @@ def test_rows_are_the_results_per_session_numbers_averaged_over_seeds():
     assert stats["inference_tokens"]["mean"] == pytest.approx(60.0)
     assert stats["storage_tokens"]["mean"] == pytest.approx(200.0) and stats["storage_tokens"]["sd"] == 0.0
     assert stats["construction_ms"]["mean"] == pytest.approx(21.0)
-    assert stats["processing_s"]["mean"] == pytest.approx(3.0)
+    assert stats["processing_ms"]["mean"] == pytest.approx(3000.0)  # shown in ms
     assert aggregate(report.rows["ours, session 3"])["construction_ms"]["mean"] is None  # the final session
+    totals = next(x for x in report.sections if x.startswith("### Per episode")).splitlines()
+    theanine = [c.strip() for c in next(x for x in totals if x.startswith("| theanine")).strip("|").split("|")]
+    # scale 2 and 4: history tokens (10 + 20) x 3, final 30 x 3, stored 200, construction 7 x 3, retrieval 3 x 3,
+    # processing (0.5 + 1 + 1.5) s x 3
+    assert theanine[1:] == ["90.00 ± 42.43", "90.00 ± 42.43", "200.00 ± 0.00", "21.00 ± 9.90", "9.00 ± 4.24",
+                            "9000.00 ± 4242.64"]
 
 
 def test_writes_three_pngs_and_keeps_the_papers_numbers_in_their_own_columns(tmp_path):
@@ -43,12 +49,12 @@ def test_writes_three_pngs_and_keeps_the_papers_numbers_in_their_own_columns(tmp
     fig15 = md[md.index("Figure 15 (total"):].splitlines()
     header = next(line for line in fig15 if line.startswith("| session"))
     cols = [c.strip() for c in header.strip("|").split("|")]
-    assert cols == ["session", "paper: ICML", "paper: THEANINE", "paper: MemoryOS", "ours: `ours`",
-                    "ours: `theanine`", "ours: `memoryos`"]
+    assert cols == ["session", "paper: ICML (s)", "paper: THEANINE (s)", "paper: MemoryOS (s)", "ours: `ours` (ms)",
+                    "ours: `theanine` (ms)", "ours: `memoryos` (ms)"]
     first = next(line for line in fig15 if line.startswith("| 1 |"))
     cells = [c.strip() for c in first.strip("|").split("|")]
     assert cells[1:4] == list(PAPER_FIGURE15[0])  # the paper's session 1, as transcribed
-    assert cells[4:] == ["0.75", "1.50", "2.25"]  # ours: 0.5 x scale, mean over seeds (x1, x2 / x2, x4 / x3, x6)
+    assert cells[4:] == ["750.00", "1500.00", "2250.00"]  # ours: 0.5 s x scale, mean over seeds (x1, x2 / ...)
     fig10 = md[md.index("Figure 10 (latency)"):md.index("Figure 15 (total")]
     theanine = next(line for line in fig10.splitlines() if line.startswith("| THEANINE"))
     cells = [c.strip() for c in theanine.strip("|").split("|")]
