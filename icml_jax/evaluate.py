@@ -254,7 +254,7 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
             failed: list[dict[str, str]] | None = None if learn else []  # a learner cannot skip half an episode
             results = play(agent, episodes, user_speaker=user_speaker(config), count_tokens=count,
                            progress=lambda xs: tqdm(xs, desc=f"evaluating {system}", unit="ep", leave=False),
-                           failures=failed)
+                           failures=failed, usage=lambda: generator.answered)
         _check_failures(config, "episodes (a reply or memory request)", failed or [], len(episodes), cache.path,
                         "episode_id")
         correlation = None

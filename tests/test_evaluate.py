@@ -64,6 +64,11 @@ def test_evaluation_writes_recomputable_results_and_reruns_from_its_cache(warmed
     usage = content["setting"]["llm_usage"]  # the run's own calls: every target's reply and verdict at least
     assert usage["judge"]["calls"] == len(rows) and usage["generator"]["calls"] >= len(rows)
     assert usage["generator"]["prompt_tokens"] > 0 and "estimated_usd" not in usage["generator"]
+    per_session = content["efficiency"]["per_session"]  # Figures 9, 10, 15: the generator's tokens by session
+    assert [r["session"] for r in per_session] == list(range(1, len(episodes[0].sessions) + 1))
+    assert sum(r["calls"] for r in per_session) * len(episodes) == pytest.approx(usage["generator"]["calls"])
+    assert per_session[-1]["calls"] * len(episodes) >= len(rows) and per_session[-1]["construction_ms"] is None
+    assert all(r["processing_s"] > 0 for r in per_session) and "| session | generator tokens |" in md
     sent = content["setting"]["backend_requests"]["sent"]
     assert sent > 0
     again = ev.evaluate_workdir(config, workdir)

@@ -7,7 +7,8 @@ plug in alike. Earlier sessions are played decision by decision: the Trigger's c
 session) and the Planner's save (memory construction) on every turn the agent acts on; their replies are not
 scored and not generated. The final session changes no memory, so its replies are written in one back-end call
 (a batch for the local back end, concurrent requests for Gemini). Timings are host wall time: per Trigger
-call, per save decision, and per reply as the batch's time over its size.
+call, per save decision, per reply as the batch's time over its size, and per session; the generator's tokens
+are read per session too.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import dataclasses
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any, Protocol
 
@@ -161,6 +162,12 @@ class EpisodeResult:
     memories: list[int]  # memories stored after each earlier session
     construction_ms: list[float]  # per observed turn
     saved: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # saved turns: session, turn, history
+    observed_sessions: list[int] = dataclasses.field(default_factory=list)  # the session of each observed turn
+    observe_retrieval_ms: list[float] = dataclasses.field(default_factory=list)  # per observed turn: the observe
+    # call's time outside memory construction (choosing the memory the turn would get)
+    session_ms: list[float] = dataclasses.field(default_factory=list)  # wall time of each session, final included
+    session_usage: list[dict[str, int]] = dataclasses.field(default_factory=list)  # generator calls / prompt /
+    # output tokens spent in each session, final included (empty: not measured)
 
 
 def gold_history(episode: Episode, session: int, turn: int) -> tuple[tuple[str, str], ...]:
@@ -184,26 +191,44 @@ def history_hash(history: Sequence[tuple[str, str]]) -> str:
     return hashlib.sha256(json.dumps(list(history), ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
 
 
+def _usage_delta(usage: Callable[[], Mapping[str, int]] | None, before: Mapping[str, int]) -> dict[str, int]:
+    """What the generator spent since `before` (a snapshot of `usage()`); {} when usage is not measured."""
+    if usage is None:
+        return {}
+    now = usage()
+    return {k: int(now.get(k, 0)) - int(before.get(k, 0)) for k in ("calls", "prompt_tokens", "output_tokens")}
+
+
 def play_episode(agent: EvalAgent, episode: Episode, *, user_speaker: str | None,
-                 count_tokens: Callable[[str], int]) -> EpisodeResult:
+                 count_tokens: Callable[[str], int],
+                 usage: Callable[[], Mapping[str, int]] | None = None) -> EpisodeResult:
     """Runs the protocol on one episode (see the module docstring); `user_speaker` = whose turns the agent acts
-    on in the earlier sessions (None: every turn)."""
+    on in the earlier sessions (None: every turn); `usage`: the generator's cumulative {"calls", "prompt_tokens",
+    "output_tokens"}, read at session boundaries for the per-session token cost."""
     if len(episode.sessions) < 2:
         raise ValueError(f"evaluation episode {episode.episode_id} has {len(episode.sessions)} session(s); "
                          "the protocol needs history sessions before the final one")
     agent.reset()
     user = episode.episode_id
     receipts, storage, memories, construction, saved_turns = [], [], [], [], []
+    observed, observe_retrieval, session_ms, session_usage = [], [], [], []
+    snapshot = lambda: dict(usage()) if usage is not None else {}  # noqa: E731
     for s, session in enumerate(episode.sessions[:-1]):
         history: list[tuple[str, str]] = []
+        before, session_start = snapshot(), time.perf_counter()
         for t, turn in enumerate(session.turns):
             if user_speaker is None or turn.speaker == user_speaker:
+                start = time.perf_counter()
                 choice, saved, ms = agent.observe(user, episode, s, t, history)
+                observe_retrieval.append(max(0.0, 1e3 * (time.perf_counter() - start) - ms))
+                observed.append(s)
                 construction.append(ms)
                 receipts.append(_receipt(s, t, choice, saved))
                 if saved:
                     saved_turns.append({"session": s, "turn": t, "history": list(history)})
             history.append((turn.speaker, turn.text))
+        session_ms.append(1e3 * (time.perf_counter() - session_start))
+        session_usage.append(_usage_delta(usage, before))
         texts = agent.memory_texts(user)
         storage.append(sum(count_tokens(x) for x in texts))
         memories.append(len(texts))
@@ -212,8 +237,11 @@ def play_episode(agent: EvalAgent, episode: Episode, *, user_speaker: str | None
     rows = []
     targets = final_session_targets(episode)
     histories = [list(gold_history(episode, target.session, target.turn)) for target in targets]
-    for target, history, reply in zip(targets, histories, agent.answer(user, episode, targets, histories),
-                                      strict=True):
+    before, session_start = snapshot(), time.perf_counter()
+    replies = agent.answer(user, episode, targets, histories)
+    session_ms.append(1e3 * (time.perf_counter() - session_start))
+    session_usage.append(_usage_delta(usage, before))
+    for target, history, reply in zip(targets, histories, replies, strict=True):
         receipts.append(_receipt(final, target.turn - 1, reply.memory, None))
         y_t = turns[target.turn - 1].y_t  # None: unlabelled (real data); (): labelled, needs no memory
         needed = None if y_t is None else [[n.session, n.turn] for n in y_t]
@@ -233,7 +261,8 @@ def play_episode(agent: EvalAgent, episode: Episode, *, user_speaker: str | None
             "retrieval_ms": reply.retrieval_ms, "generation_ms": reply.generation_ms,
         })
     return EpisodeResult(episode.episode_id, rows, session_counts(episode, receipts), storage, memories,
-                         construction, saved_turns)
+                         construction, saved_turns, observed, observe_retrieval, session_ms,
+                         session_usage if usage is not None else [])
 
 
 def _receipt(session: int, turn: int, choice: MemoryChoice, saved: bool | None) -> SimpleNamespace:
@@ -246,7 +275,8 @@ def _receipt(session: int, turn: int, choice: MemoryChoice, saved: bool | None) 
 
 def play(agent: EvalAgent, episodes: Iterable[Episode], *, user_speaker: str | None,
          count_tokens: Callable[[str], int], progress: Callable[[Iterable], Iterable] = iter,
-         failures: list[dict[str, str]] | None = None) -> list[EpisodeResult]:
+         failures: list[dict[str, str]] | None = None,
+         usage: Callable[[], Mapping[str, int]] | None = None) -> list[EpisodeResult]:
     """`play_episode` over `episodes`, in order (`progress` wraps the iteration, e.g. a tqdm bar).
 
     With a `failures` list, an episode during which a back-end request fails for good (BackendError: retries
@@ -258,7 +288,8 @@ def play(agent: EvalAgent, episodes: Iterable[Episode], *, user_speaker: str | N
     out = []
     for episode in progress(episodes):
         try:
-            out.append(play_episode(agent, episode, user_speaker=user_speaker, count_tokens=count_tokens))
+            out.append(play_episode(agent, episode, user_speaker=user_speaker, count_tokens=count_tokens,
+                                    usage=usage))
         except BackendError as exc:
             if failures is None:
                 raise

@@ -40,6 +40,49 @@ def _nan_to_none(value: Any) -> Any:
     return value
 
 
+def _mean(values: Sequence[float]) -> float | None:
+    return float(np.mean(values)) if len(values) else None
+
+
+def per_session_efficiency(results: Sequence[EpisodeResult]) -> list[dict[str, Any]]:
+    """Per session (the paper's Figures 9, 10 and 15): the generator's tokens per episode, stored tokens after it,
+    memory construction (the session's total ms) and retrieval (ms per retrieval), and the session's total
+    processing time in seconds; means over episodes, latencies leaving out the first episode when there are
+    several (it compiles most of the programs). An episode's final session builds no memory."""
+    warm_ids = {id(e) for e in (results[1:] if len(results) > 1 else results)}
+    n_sessions = max(max(len(e.session_ms), len(e.storage_tokens) + 1) for e in results)
+    out = []
+    for s in range(n_sessions):
+        used, storage, construction, per_turn, retrieval, seconds, finals = [], [], [], [], [], [], 0
+        for e in results:
+            if s < len(e.session_usage):
+                used.append(e.session_usage[s])
+            if s < len(e.storage_tokens):
+                storage.append(e.storage_tokens[s])
+            elif s == len(e.storage_tokens):
+                finals += 1
+            if id(e) not in warm_ids:
+                continue
+            if s < len(e.session_ms):
+                seconds.append(e.session_ms[s] / 1e3)
+            if s < len(e.storage_tokens) and e.observed_sessions:
+                mine = [i for i, n in enumerate(e.observed_sessions) if n == s]
+                construction.append(sum(e.construction_ms[i] for i in mine))
+                per_turn += [e.construction_ms[i] for i in mine]
+                retrieval += [e.observe_retrieval_ms[i] for i in mine]
+            elif s == len(e.storage_tokens):
+                retrieval += [r["retrieval_ms"] for r in e.targets]
+        tokens = {k: _mean([u[k] for u in used]) for k in ("calls", "prompt_tokens", "output_tokens")}
+        out.append({
+            "session": s + 1, "final_in": finals,  # episodes whose target session this is
+            "inference_tokens": (None if tokens["prompt_tokens"] is None
+                                 else tokens["prompt_tokens"] + tokens["output_tokens"]), **tokens,
+            "storage_tokens": _mean(storage), "construction_ms": _mean(construction),
+            "construction_ms_per_turn": _mean(per_turn), "retrieval_ms": _mean(retrieval),
+            "retrievals": len(retrieval), "processing_s": _mean(seconds), "timed_episodes": len(seconds)})
+    return out
+
+
 def summarize(results: Sequence[EpisodeResult],
               model_scores: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Generation, memory and efficiency figures of an evaluation; `model_scores`: {"BERTScore" / "MAUVE":
@@ -82,6 +125,7 @@ def summarize(results: Sequence[EpisodeResult],
         "retrieval_ms": _percentiles([r["retrieval_ms"] for e in warm for r in e.targets]),
         "construction_ms": _percentiles([ms for e in warm for ms in e.construction_ms]),
         "generation_ms": _percentiles([r["generation_ms"] for e in warm for r in e.targets]),
+        "per_session": per_session_efficiency(results),
     }
     return _nan_to_none({"targets": len(rows), "episodes": len(results), "generation": generation,
                          "memory": memory, "memory_per_session": per_session, "efficiency": efficiency})
@@ -130,6 +174,14 @@ def results_markdown(summary: Mapping[str, Any], system: str, setting: Mapping[s
               f"- memory retrieval per target: {ms(eff['retrieval_ms'])}",
               f"- memory construction per observed turn: {ms(eff['construction_ms'])}",
               f"- reply generation per target: {ms(eff['generation_ms'])}"]
+    if eff.get("per_session"):
+        lines += ["", "Per session (means per episode; generator tokens, stored tokens after the session, memory "
+                  "construction over the session, retrieval per call, the session's processing time):", "",
+                  "| session | generator tokens | stored tokens | construction ms | retrieval ms | processing s |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['session']} | {_fmt(r['inference_tokens'])} | {_fmt(r['storage_tokens'])} | "
+                  f"{_fmt(r['construction_ms'])} | {_fmt(r['retrieval_ms'])} | {_fmt(r['processing_s'])} |"
+                  for r in eff["per_session"]]
     for role, u in (setting.get("llm_usage") or {}).items():
         per = u.get("per_turn") or {}
         cost = f", estimated {u['estimated_usd']:.4f} USD" if "estimated_usd" in u else ""
@@ -183,5 +235,5 @@ def write_outputs(out_dir: Path, results: Sequence[EpisodeResult], system: str,
     return content
 
 
-__all__ = ["EFFICIENCY_PNG", "RESULTS_JSON", "RESULTS_MD", "TABLE1", "TABLE8", "TARGETS_JSONL", "results_markdown",
-           "summarize", "write_outputs"]
+__all__ = ["EFFICIENCY_PNG", "RESULTS_JSON", "RESULTS_MD", "TABLE1", "TABLE8", "TARGETS_JSONL",
+           "per_session_efficiency", "results_markdown", "summarize", "write_outputs"]

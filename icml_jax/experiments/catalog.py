@@ -16,9 +16,9 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from icml_jax.evaluation.report import TABLE1, TABLE8
+from icml_jax.evaluation.report import TABLE1
 from icml_jax.experiments import runs
-from icml_jax.experiments.tables import JUDGE_COLUMNS, Report, metrics_of
+from icml_jax.experiments.tables import Report, metrics_of
 
 
 @dataclasses.dataclass
@@ -145,6 +145,33 @@ def table6(ctx: Context) -> Report:
     prompted to the config's generator) on the config's dataset."""
     report = Report("table6", "Ours against memory-related methods", "Table 6", dict(SYSTEM_COLUMNS), {})
     return _ours_against(ctx, report, list(ctx.exp("table6_baselines", ())))
+
+
+def efficiency(ctx: Context) -> Report:
+    """Figures 9, 10 and 15: per session, tokens, construction / retrieval latency and processing time of ours and
+    every baseline of `main` and `table6`, from their evaluations in this workdir (those missing are run)."""
+    from icml_jax.evaluate import EVAL_DIR
+    from icml_jax.evaluation.report import RESULTS_JSON
+    from icml_jax.experiments.efficiency import efficiency_report, per_session_of
+
+    names = list(dict.fromkeys([*ctx.exp("baselines", ()), *ctx.exp("table6_baselines", ())]))
+    contents: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    provenance: dict[str, dict[int, Any]] = {}
+    first = None
+    for seed in ctx.seeds:
+        for system in ["ours", *names]:
+            content = ours(ctx, seed) if system == "ours" else baseline(ctx, seed, system)
+            variant = "ours" if system == "ours" else f"baseline_{system}"
+            where = str(ctx.seed_dir(seed) / variant / EVAL_DIR / RESULTS_JSON)
+            contents.setdefault(system, {})[seed] = per_session_of(content, where)
+            provenance.setdefault(system, {})[seed] = _provenance(content) | {"results": where}
+            first = first or content
+    report = efficiency_report(contents)
+    report.provenance = provenance
+    if first is not None:
+        report.notes.insert(0, f"Each run: {_setting_note(first)}; every system on the same episodes, back ends "
+                               "and answer cache, read from its evaluation in this workdir (run where missing).")
+    return report
 
 
 ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {  # name -> (what it removes, overrides of the online run)
@@ -514,7 +541,7 @@ EXPERIMENTS: dict[str, Callable[[Context], Report]] = {
     "main": main, "ablation": ablation, "synthetic_scale": synthetic_scale, "judges": judges,
     "exploration": exploration, "lambda": lambda_, "synthesis_direction": synthesis_direction,
     "size_grid": size_grid, "ten_sessions": ten_sessions, "policy_maps": policy_maps,
-    "table6": table6,
+    "table6": table6, "efficiency": efficiency,
 }
 
 __all__ = ["ABLATIONS", "EXPERIMENTS", "Context", "ORACLE"]

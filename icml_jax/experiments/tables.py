@@ -1,5 +1,6 @@
 """An experiment's numbers as files: `<name>.json` (every number per variant and seed, with its provenance),
-`<name>.md` (the paper's table layout, mean and spread over seeds) and, where the paper has a figure, `<name>.png`.
+`<name>.md` (the paper's table layout, mean and spread over seeds) and, where the paper has a figure, `<name>.png`
+(or `<name>_<key>.png`, one per figure, where it has several).
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ class Report:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # experiment-specific numbers (JSON only)
     figure: Callable[[Path], None] | None = None
     row_header: str = "system"
+    figures: dict[str, Callable[[Path], None]] = dataclasses.field(default_factory=dict)  # key -> draws
+    # `<name>_<key>.png` (experiments reproducing several of the paper's figures)
+    sections: list[str] = dataclasses.field(default_factory=list)  # markdown after the notes (e.g. the paper's
+    # numbers, in tables of their own)
 
 
 def cell(stats: Mapping[str, Any] | None, key: str, seeds: int = 1) -> str:
@@ -94,6 +99,8 @@ def markdown(report: Report, setting: Mapping[str, Any], command: str) -> str:
                      + " |")
     if report.notes:
         lines += [""] + [f"- {n}" for n in report.notes]
+    for section in report.sections:
+        lines += ["", section.rstrip("\n")]
     lines.append("")
     return "\n".join(lines)
 
@@ -122,12 +129,16 @@ def write(report: Report, out_dir: Path, setting: Mapping[str, Any], command: st
                "notes": report.notes, "provenance": report.provenance, "extra": report.extra}
     files["json"].write_text(json.dumps(_json_safe(content), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     files["md"].write_text(markdown(report, setting, command), encoding="utf-8")
-    if report.figure is not None:
+    if report.figure is not None or report.figures:
         import matplotlib
 
         matplotlib.use("Agg")
+    if report.figure is not None:
         files["png"] = out_dir / f"{report.name}.png"
         report.figure(files["png"])
+    for key, draw in report.figures.items():
+        files[f"png_{key}"] = out_dir / f"{report.name}_{key}.png"
+        draw(files[f"png_{key}"])
     return files
 
 

@@ -87,6 +87,33 @@ def test_table6_puts_ours_and_the_memory_methods_in_table_6(workdir):
     assert content["rows"]["ours"] == table1["rows"]["ours"] and not set(TABLE6) & set(table1["rows"])
 
 
+def test_efficiency_reads_main_and_table6_evaluations_and_draws_three_figures(workdir):
+    _run("table6", workdir)  # ran by the tests above; reused here
+    seed = workdir / "seed0"
+    results = {p.parent.parent.name: p for p in seed.glob("*/eval/results.json")}
+    stale = results["baseline_no_memory"]  # written before the evaluation recorded per-session figures
+    content = json.loads(stale.read_text(encoding="utf-8"))
+    del content["efficiency"]["per_session"]
+    stale.write_text(json.dumps(content), encoding="utf-8")
+    with pytest.raises(ValueError, match="baseline_no_memory/eval/results.json: no per-session efficiency"):
+        _run("efficiency", workdir)
+    stale.unlink()  # a missing evaluation is run
+    before = {name: p.stat().st_mtime_ns for name, p in results.items() if name != "baseline_no_memory"}
+    files, content = _run("efficiency", workdir)
+    assert stale.is_file() and "per_session" in json.loads(stale.read_text())["efficiency"]
+    assert {name: results[name].stat().st_mtime_ns for name in before} == before  # the others were read back
+    systems = ["ours", *BASELINES, *TABLE6]
+    assert list(content["rows"]) == [f"{s}, session {n}" for s in systems for n in range(1, 7)]
+    ours = json.loads(results["ours"].read_text())["efficiency"]["per_session"]
+    assert [_mean(content, f"ours, session {n}", "inference_tokens") for n in range(1, 7)] == \
+        [r["inference_tokens"] for r in ours]
+    assert _mean(content, "no_memory, session 1", "storage_tokens") == 0.0
+    assert _mean(content, "long_context, session 6", "inference_tokens") > 0  # its replies
+    for key in ("png_tokens", "png_latency", "png_time"):
+        assert files[key].read_bytes()[:4] == b"\x89PNG"
+    assert "paper: MemoryOS" in files["md"].read_text(encoding="utf-8")
+
+
 def test_ablation_variants_differ_where_they_should(workdir):
     _, content = _run("ablation", workdir)
     assert list(content["rows"]) == ["full", *ABLATIONS]
@@ -170,7 +197,7 @@ def test_two_seeds_report_mean_and_spread(workdir):
 
 def test_every_experiment_is_tested_here():
     tested = {"main", "ablation", "synthetic_scale", "judges", "exploration", "lambda", "synthesis_direction",
-              "size_grid", "ten_sessions", "policy_maps", "table6"}
+              "size_grid", "ten_sessions", "policy_maps", "table6", "efficiency"}
     assert set(EXPERIMENTS) == tested
 
 
