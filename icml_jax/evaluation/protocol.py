@@ -191,6 +191,11 @@ def history_hash(history: Sequence[tuple[str, str]]) -> str:
     return hashlib.sha256(json.dumps(list(history), ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
 
 
+def _usage_now(usage: Callable[[], Mapping[str, int]] | None) -> dict[str, int]:
+    """A snapshot of the generator's cumulative usage; {} when usage is not measured."""
+    return dict(usage()) if usage is not None else {}
+
+
 def _usage_delta(usage: Callable[[], Mapping[str, int]] | None, before: Mapping[str, int]) -> dict[str, int]:
     """What the generator spent since `before` (a snapshot of `usage()`); {} when usage is not measured."""
     if usage is None:
@@ -212,10 +217,9 @@ def play_episode(agent: EvalAgent, episode: Episode, *, user_speaker: str | None
     user = episode.episode_id
     receipts, storage, memories, construction, saved_turns = [], [], [], [], []
     observed, observe_retrieval, session_ms, session_usage = [], [], [], []
-    snapshot = lambda: dict(usage()) if usage is not None else {}  # noqa: E731
     for s, session in enumerate(episode.sessions[:-1]):
         history: list[tuple[str, str]] = []
-        before, session_start = snapshot(), time.perf_counter()
+        before, session_start = _usage_now(usage), time.perf_counter()
         for t, turn in enumerate(session.turns):
             if user_speaker is None or turn.speaker == user_speaker:
                 start = time.perf_counter()
@@ -237,7 +241,7 @@ def play_episode(agent: EvalAgent, episode: Episode, *, user_speaker: str | None
     rows = []
     targets = final_session_targets(episode)
     histories = [list(gold_history(episode, target.session, target.turn)) for target in targets]
-    before, session_start = snapshot(), time.perf_counter()
+    before, session_start = _usage_now(usage), time.perf_counter()
     replies = agent.answer(user, episode, targets, histories)
     session_ms.append(1e3 * (time.perf_counter() - session_start))
     session_usage.append(_usage_delta(usage, before))
