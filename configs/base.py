@@ -37,10 +37,11 @@ def gemini_backend(model: str = "gemini-2.5-flash") -> ml_collections.ConfigDict
     config. Switching `kind` on the command line leaves these keys behind; the other kinds ignore them."""
     block = {f.name: getattr(GeminiConfig(model=model), f.name) for f in dataclasses.fields(GeminiConfig)}
     # api_key_env None: each kind's own variables, so --config.llm.<role>.kind=openai never sends a Gemini key;
+    # context_tokens None: each kind's own model window (GeminiConfig / OpenAIConfig; long_context's budget);
     # OPENAI_ONLY_KNOBS (None: OpenAI's defaults) keep every knob of that kind settable on the command line.
-    block.update(api_key_env=None, **dict.fromkeys(OPENAI_ONLY_KNOBS))
+    block.update(api_key_env=None, context_tokens=None, **dict.fromkeys(OPENAI_ONLY_KNOBS))
     typed = {"base_url": str, "api_version": str, "thinking_budget": int, "api_key_env": tuple,
-             **OPENAI_ONLY_KNOBS}  # None by default, settable
+             "context_tokens": int, **OPENAI_ONLY_KNOBS}  # None by default, settable
     return ml_collections.ConfigDict(dict(kind="gemini", **{k: placeholder(typed[k]) if v is None and k in typed
                                                             else v for k, v in block.items()}))
 
@@ -133,7 +134,8 @@ def get_config() -> ml_collections.ConfigDict:
         # `python -m icml_jax.models.fetch all-minilm-l6-v2`) or a HF decoder whose mean-pooled hidden states are
         # used; None: config.model.path (model.kind "tiny": a random tiny decoder, a stand-in for tests)
         encoder_max_length=128,  # tokens of a text the encoder reads
-        long_context_tokens=placeholder(int),  # long_context's memory budget; None: backbone context - reply - prompt
+        long_context_tokens=placeholder(int),  # long_context's memory budget; None: generator context - reply - prompt
+        # (a remote generator's llm.generator.context_tokens, else the backbone's max_position_embeddings)
         long_context_margin=32,  # tokens long_context keeps free for the chat template
         memorybank=ml_collections.ConfigDict(dict(
             retention_threshold=0.1,  # forget memories with exp(-sessions since last recall / strength) below this

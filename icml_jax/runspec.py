@@ -202,6 +202,14 @@ class RunSpec:
         return make_backend(self.config.llm[role])
 
     @property
+    def generator_context_tokens(self) -> int | None:
+        """The remote generator's input window (`config.llm.generator.context_tokens`, else its kind's default),
+        None when the generator runs locally (offline, local: the backbone's context bounds a prompt)."""
+        from icml_jax.llm.registry import remote_context_tokens
+
+        return remote_context_tokens(self.config.llm.generator, "config.llm.generator")
+
+    @property
     def judge_is_generator(self) -> bool:
         """Whether the judge and the generator are one back end (then one client serves both roles)."""
         return self.config.llm.judge.to_dict() == self.config.llm.generator.to_dict()

@@ -34,7 +34,8 @@ DEFAULTS: dict[str, Any] = {
     "encoder_model": None,  # local dir of the dense encoder: a BERT sentence encoder (e.g. all-minilm-l6-v2) or a
     # HF decoder (mean-pooled states); None: config.model.path (tiny: random)
     "encoder_max_length": 128,  # tokens of a text the encoder reads (the first ones)
-    "long_context_tokens": None,  # memory-block budget of long_context; None: from the backbone's context
+    "long_context_tokens": None,  # memory-block budget of long_context; None: from the generator's context (a
+    # remote one's llm.generator.context_tokens, else the backbone's)
     "long_context_margin": 32,  # tokens kept free besides the reply and the rest of the prompt (chat template)
     "memorybank": {
         "retention_threshold": 0.1,  # memories whose retention exp(-dt / S) falls below this are forgotten

@@ -4,10 +4,12 @@ et al. 2022 ("Beyond Goldfish Memory"), the paper's strongest non-memory baselin
 The transcript of the earlier sessions fills the prompt's memory block, session by session ("Session 2 (1 week
 after the previous session):" then "speaker: text" lines), cut from the oldest turn until it fits a token
 budget counted with the evaluation's tokenizer. The budget is `baselines.long_context_tokens` when set, else
-what the backbone's context (`max_position_embeddings` of `config.model`'s config.json; the tiny decoder's for
-`model.kind == "tiny"`) leaves after the reply (`learner.reply_max_tokens`), the rest of this reply's prompt
-and a margin (`baselines.long_context_margin`) for the chat template. Simplified: the turns of the current
-session before the recent dialogue window of the reply prompt are not added; nothing is summarized.
+what the generator's context leaves after the reply (`learner.reply_max_tokens`), the rest of this reply's
+prompt and a margin (`baselines.long_context_margin`) for the chat template. The generator's context is its
+model's window when it is remote (`llm.generator.context_tokens`: the paper's long-context rows use 128K and 1M
+generators), else the backbone's (`max_position_embeddings` of `config.model`'s config.json; the tiny decoder's
+for `model.kind == "tiny"`). Simplified: the turns of the current session before the recent dialogue window of
+the reply prompt are not added; nothing is summarized.
 """
 
 from __future__ import annotations
@@ -59,13 +61,13 @@ class LongContextAgent(BaselineAgent):
     kind = "long_context"
 
     def __init__(self, generator: LLMBackend, *, user_speaker: str | None, count_tokens: Callable[[str], int],
-                 budget: int | None = None, max_position_embeddings: int | None = None, margin: int = 32,
-                 reply: ReplySettings | None = None) -> None:
+                 budget: int | None = None, context_tokens: int | None = None, context_source: str = "backbone",
+                 margin: int = 32, reply: ReplySettings | None = None) -> None:
         super().__init__(generator, user_speaker=user_speaker, reply=reply)
-        if budget is None and max_position_embeddings is None:
-            raise ValueError("long_context: give a token budget or the backbone's max_position_embeddings")
-        self.count_tokens, self.budget, self.max_position_embeddings = count_tokens, budget, max_position_embeddings
-        self.margin = margin
+        if budget is None and context_tokens is None:
+            raise ValueError("long_context: give a token budget or the generator's context_tokens")
+        self.count_tokens, self.budget, self.context_tokens = count_tokens, budget, context_tokens
+        self.context_source, self.margin = context_source, margin
         self._log: dict[str, list[LoggedTurn]] = {}
 
     def forget_all(self) -> None:
@@ -87,7 +89,7 @@ class LongContextAgent(BaselineAgent):
             return self.budget
         frame = llm_prompts.reply_request(query.history, query.utterance, None, max_output_tokens=self.reply.max_tokens)
         used = self.count_tokens(frame.system or "") + self.count_tokens(frame.prompt)
-        return int(self.max_position_embeddings) - self.reply.max_tokens - used - self.margin
+        return int(self.context_tokens) - self.reply.max_tokens - used - self.margin
 
     def recall(self, user_id: str, queries: Sequence[Query], *, final: bool) -> list[MemoryChoice]:
         out = []
@@ -102,10 +104,12 @@ class LongContextAgent(BaselineAgent):
         return out
 
     def provenance(self) -> dict[str, Any]:
-        return {**super().provenance(), "budget_tokens": self.budget,
-                "max_position_embeddings": self.max_position_embeddings, "margin_tokens": self.margin,
+        return {**super().provenance(), "budget_tokens": self.budget, "context_tokens": self.context_tokens,
+                "context_source": self.context_source,
+                "margin_tokens": self.margin,
                 "budget": ("baselines.long_context_tokens" if self.budget is not None else
-                           "max_position_embeddings - reply_max_tokens - rest of the reply prompt - margin")}
+                           f"context_tokens ({self.context_source}) - reply_max_tokens - rest of the reply prompt "
+                           "- margin")}
 
 
 def backbone_context(config: Any, tokenizer) -> int:
@@ -124,13 +128,25 @@ def backbone_context(config: Any, tokenizer) -> int:
     return ModelConfig.from_json_file(Path(path) / "config.json").max_position_embeddings
 
 
+def generator_context(config: Any, tokenizer) -> tuple[int, str]:
+    """(the generator's context in tokens, where it comes from): a remote generator's model window
+    (`llm.generator.context_tokens`), else the backbone's `max_position_embeddings`."""
+    from icml_jax.runspec import RunSpec
+
+    remote = RunSpec.from_config(config).generator_context_tokens
+    if remote is not None:
+        return remote, "llm.generator.context_tokens"
+    return backbone_context(config, tokenizer), "backbone max_position_embeddings"
+
+
 def build(ctx: Any) -> tuple[LongContextAgent, dict[str, Any]]:
     """The agent for an `EvalContext`."""
     settings = baseline_settings(ctx.config)
     budget = settings.get("long_context_tokens")
+    context, source = (None, "baselines.long_context_tokens") if budget is not None else \
+        generator_context(ctx.config, ctx.tokenizer)
     agent = LongContextAgent(
         ctx.generator, user_speaker=user_speaker_of(ctx.config), count_tokens=ctx.count_tokens,
-        budget=None if budget is None else int(budget),
-        max_position_embeddings=None if budget is not None else backbone_context(ctx.config, ctx.tokenizer),
+        budget=None if budget is None else int(budget), context_tokens=context, context_source=source,
         margin=int(settings["long_context_margin"]), reply=ReplySettings.from_config(ctx.config))
     return agent, agent.provenance()

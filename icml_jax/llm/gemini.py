@@ -42,11 +42,15 @@ class GeminiConfig(RemoteConfig):
     # (the OpenAPI-subset responseSchema, older models too) or "mime_only" (JSON mode without a schema).
     structured_output: str = "json_schema"
     api_key_env: tuple[str, ...] = GEMINI_KEY_ENV
+    # The model's input window in tokens (Gemini 2.5's 1,048,576): the long-context baseline's budget
+    context_tokens: int = 1_048_576
 
     def __post_init__(self) -> None:
         """Checks the knobs (transport ones in RemoteConfig)."""
         if not self.model:
             raise ValueError("GeminiConfig.model must name a model, e.g. 'gemini-2.5-flash'")
+        if self.context_tokens < 1:
+            raise ValueError(f"GeminiConfig.context_tokens must be >= 1, got {self.context_tokens}")
         super().__post_init__()
         if self.structured_output not in ("json_schema", "response_schema", "mime_only"):
             raise ValueError(

@@ -48,11 +48,16 @@ class OpenAIConfig(RemoteConfig):
     strict_schema: bool = False  # OpenAI's strict mode needs every property required and no min/max keywords
     # The length cap's field: "max_tokens" (every server) or "max_completion_tokens" (OpenAI's reasoning models)
     max_tokens_field: str = "max_tokens"
+    # The model's input window in tokens (GPT-4o and 4o-mini: 128,000; a local server: its model's): the
+    # long-context baseline's budget
+    context_tokens: int = 128_000
 
     def __post_init__(self) -> None:
         """Checks the knobs (transport ones in RemoteConfig); a single variable name becomes a 1-tuple."""
         if not self.model:
             raise ValueError("OpenAIConfig.model must name a model, e.g. 'gpt-4o-mini'")
+        if self.context_tokens < 1:
+            raise ValueError(f"OpenAIConfig.context_tokens must be >= 1, got {self.context_tokens}")
         names = (self.api_key_env,) if isinstance(self.api_key_env, str) else tuple(self.api_key_env or ())
         object.__setattr__(self, "api_key_env", tuple(n for n in names if n))
         super().__post_init__()

@@ -15,6 +15,7 @@ _FACTORIES: dict[str, BackendFactory] = {}
 _OPTIONS: dict[str, frozenset[str]] = {}
 _CHECKS: dict[str, Callable[[Mapping[str, Any]], None]] = {}
 _KEY_VARIABLES: dict[str, tuple[str, Callable[[Mapping[str, Any]], tuple[str, ...]]]] = {}
+_CONTEXT: dict[str, Callable[[Mapping[str, Any]], int]] = {}
 logger = logging.getLogger(__name__)
 
 
@@ -49,12 +50,14 @@ def dataclass_from_config(cls: type[T], cfg: Any, *, ignore: tuple[str, ...] = (
 
 def register_backend(kind: str, factory: BackendFactory, options: Iterable[str] = (),
                      check: Callable[[Mapping[str, Any]], None] | None = None,
-                     key_variables: tuple[str, Callable[[Mapping[str, Any]], tuple[str, ...]]] | None = None) -> None:
+                     key_variables: tuple[str, Callable[[Mapping[str, Any]], tuple[str, ...]]] | None = None,
+                     context_tokens: Callable[[Mapping[str, Any]], int] | None = None) -> None:
     """Make `make_backend({'kind': kind, ...})` call `factory(options)` (e.g. the local Flax back end).
 
     `options`: the keys this kind takes besides `kind` (what `resolve_options` keeps); `check`: validates a
     block's options without building anything (no model load, no connection), for the up-front config check;
-    `key_variables`: (the kind's name in messages, options -> the environment variables its API key is read from).
+    `key_variables`: (the kind's name in messages, options -> the environment variables its API key is read from);
+    `context_tokens`: options -> the remote model's input window (kinds without one run a local model).
     """
     _FACTORIES[kind] = factory
     _OPTIONS[kind] = frozenset(options)
@@ -63,6 +66,23 @@ def register_backend(kind: str, factory: BackendFactory, options: Iterable[str] 
         _KEY_VARIABLES[kind] = key_variables
     else:
         _KEY_VARIABLES.pop(kind, None)
+    if context_tokens is not None:
+        _CONTEXT[kind] = context_tokens
+    else:
+        _CONTEXT.pop(kind, None)
+
+
+def remote_context_tokens(cfg: Any, where: str = "back end") -> int | None:
+    """The input window of the block's remote model (its kind's `context_tokens`, e.g. Gemini's 1,048,576), or
+    None for a kind without one (offline, local: their context is the local model's)."""
+    values = resolve_options(cfg, where)
+    context = _CONTEXT.get(values["kind"])
+    if context is None:
+        return None
+    try:
+        return int(context(values))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def api_key_variables(values: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
@@ -119,7 +139,7 @@ def make_backend(cfg: Any, **kwargs: Any) -> LLMBackend:
 
 # Keys a config block may leave None to mean "this kind's default": a block shared by several kinds (switched
 # with --config.llm.<role>.kind=...) cannot hold one kind's API-key variables without sending them to another.
-KIND_DEFAULT_IF_NONE = ("api_key_env", "strict_schema", "max_tokens_field")
+KIND_DEFAULT_IF_NONE = ("api_key_env", "strict_schema", "max_tokens_field", "context_tokens")
 
 
 def _gemini_config(values: Mapping[str, Any]) -> Any:
@@ -166,9 +186,11 @@ def _register_builtin() -> None:
     from icml_jax.llm.openai_compat import OpenAIConfig
 
     register_backend("gemini", _gemini, _fields(GeminiConfig), check=_gemini_config,
-                     key_variables=("Gemini", lambda values: _gemini_config(values).api_key_env))
+                     key_variables=("Gemini", lambda values: _gemini_config(values).api_key_env),
+                     context_tokens=lambda values: _gemini_config(values).context_tokens)
     register_backend("openai", _openai, _fields(OpenAIConfig), check=_openai_config,
-                     key_variables=("OpenAI-compatible", lambda values: _openai_config(values).api_key_env))
+                     key_variables=("OpenAI-compatible", lambda values: _openai_config(values).api_key_env),
+                     context_tokens=lambda values: _openai_config(values).context_tokens)
 
 
 _register_builtin()

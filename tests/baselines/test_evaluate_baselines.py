@@ -43,7 +43,8 @@ def test_every_baseline_plays_the_evaluation(demo, tmp_path, name):
         assert all(r["memory"] is None and r["memory_refs"] == [] and r["memory_tokens"] == 0 for r in rows)
         assert content["efficiency"]["storage_tokens_per_session"] == [0] * final and calls == len(rows)
     elif name == "long_context":  # the newest earlier turns that fit the tiny decoder's 512 positions
-        assert setting["max_position_embeddings"] == 512 and calls == len(rows)
+        assert setting["context_tokens"] == 512 and calls == len(rows)
+        assert setting["context_source"] == "backbone max_position_embeddings"  # the offline generator is local
         history = [[s, t] for s in range(final) for t in range(len(episode.sessions[s].turns))]
         tokenizer = ev.build_tokenizer(config, tmp_path)
         count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731

@@ -93,15 +93,15 @@ def test_long_context_observes_earlier_sessions_only():
 def test_long_context_default_budget_is_what_the_backbone_context_leaves():
     reply = ReplySettings(max_tokens=10)
     agent = lc.LongContextAgent(Recording(), user_speaker=USER, count_tokens=count_words,
-                                max_position_embeddings=1000, margin=5, reply=reply)
+                                context_tokens=1000, margin=5, reply=reply)
     query = Query("what now?", (), "ep-1", 3, 0)  # the episode's one target: no history before it
     frame = llm_prompts.reply_request(query.history, query.utterance, None, max_output_tokens=10)
     frame_tokens = count_words(frame.system) + count_words(frame.prompt)
     assert agent.budget_for(query) == 1000 - 10 - frame_tokens - 5
-    agent.max_position_embeddings = 10 + frame_tokens + 5 + 16  # leaves a 16-token memory block
+    agent.context_tokens = 10 + frame_tokens + 5 + 16  # leaves a 16-token memory block
     (row,) = play(agent, LC_EPISODE).targets
     assert len(row["memory_refs"]) == 2 and row["memory_tokens"] <= 16
-    assert "max_position_embeddings - reply_max_tokens" in agent.provenance()["budget"]
+    assert "context_tokens (backbone) - reply_max_tokens" in agent.provenance()["budget"]
     with pytest.raises(ValueError, match="budget"):
         lc.LongContextAgent(Recording(), user_speaker=USER, count_tokens=count_words)
 
@@ -121,6 +121,31 @@ def test_backbone_context_from_the_tiny_decoder_or_config_json(tmp_path):
     config.model.path = None
     with pytest.raises(ValueError, match="long_context_tokens"):
         lc.backbone_context(config, tokenizer=None)
+
+
+@pytest.mark.parametrize("kind, window", [("gemini", 1_048_576), ("openai", 128_000), ("openai", 4000),
+                                          ("local", None), ("offline", None)])
+def test_long_context_budget_comes_from_a_remote_generator_else_the_backbone(kind, window):
+    import ml_collections
+
+    from configs.base import gemini_backend
+
+    generator = gemini_backend()
+    generator.kind = kind
+    if kind == "openai" and window == 4000:
+        generator.context_tokens = 4000  # the knob: a local OpenAI-compatible server's smaller model
+    if kind == "local":
+        generator = ml_collections.ConfigDict({"kind": "local", "model_dir": "/nowhere"})
+    config = ml_collections.ConfigDict({"model": {"kind": "tiny", "hidden": 16, "layers": 1, "path": None},
+                                        "llm": {"generator": generator}})
+    context, source = lc.generator_context(config, tokenizer=[0] * 40)
+    if window is None:  # a local generator: the backbone's (here the tiny decoder's 512 positions)
+        assert (context, source) == (512, "backbone max_position_embeddings")
+    else:
+        assert (context, source) == (window, "llm.generator.context_tokens")
+        generator.context_tokens = 0
+        with pytest.raises(ValueError, match="config.llm.generator: .*context_tokens must be >= 1"):
+            lc.generator_context(config, tokenizer=[0] * 40)
 
 
 # -- dense ------------------------------------------------------------------------------------------------
