@@ -330,24 +330,44 @@ def judges(ctx: Context) -> Report:
     return report
 
 
+EXPLORATION_KEYS = ("planner_miss_rate", "planner_false_positive_rate", "proxy_truth_r", "saves_used")
+
+
+def training_session_rows(workdir: Path) -> dict[int, dict[str, Any]]:
+    """{session: Table 8's numbers} of the online stage in `workdir`: its per-session rows over the training
+    episodes (`stages.online.session_rows`, phase "online") as metrics.jsonl holds them."""
+    from icml_jax.runlog import METRICS_FILE, read_metrics
+
+    path = workdir / METRICS_FILE
+    rows = [r for r in read_metrics(path) if r.get("stage") == "online" and r.get("table") == "sessions"
+            and r.get("phase") == "online"]
+    if not rows:
+        raise ValueError(f"{path}: no per-session rows of the online stage (table 'sessions', phase 'online'); "
+                         "did the online stage finish?")
+    missing = sorted({k for r in rows for k in EXPLORATION_KEYS if k not in r})
+    if missing:
+        raise ValueError(f"{path}: the online stage's per-session rows lack {missing} (written before they were "
+                         "logged); rerun that run in a new workdir")
+    return {int(r["session"]): {k: r[k] for k in EXPLORATION_KEYS} for r in rows}  # a later row wins
+
+
 def exploration(ctx: Context) -> Report:
-    """Table 8: per history session, the Planner's miss rate and false-positive rate and the proxy / truth reward
-    correlation of the saves made in that session."""
-    report = Report("exploration", "Exploration per session", "Table 8",
+    """Table 8: per training session (the session number within the episodes the online stage learned on), the
+    Planner's miss rate and false-positive rate and the proxy / truth reward correlation of the saves made in
+    that session, as the online stage logged them while it trained."""
+    report = Report("exploration", "Exploration per training session", "Table 8",
                     {"planner_miss_rate": "miss rate", "planner_false_positive_rate": "FPR",
                      "proxy_truth_r": "proxy/truth r", "saves_used": "saves used"}, {}, row_header="session")
     for seed in ctx.seeds:
-        content = ours(ctx, seed)
-        per_r = {p["session"]: p for p in (content["memory"].get("proxy_truth") or {}).get("per_session", [])}
-        for row in content["memory_per_session"][:-1]:  # the last session holds the targets
-            n = row["session"]
-            report.rows.setdefault(f"session {n}", {})[seed] = {
-                "planner_miss_rate": row.get("planner_miss_rate"),
-                "planner_false_positive_rate": row.get("planner_false_positive_rate"),
-                "proxy_truth_r": (per_r.get(n) or {}).get("r"), "saves_used": (per_r.get(n) or {}).get("saves_used")}
-        report.provenance[str(seed)] = _provenance(content)
-    report.notes += ["The trained agent (`ours`), greedy, on the evaluation episodes; r is None where fewer than 3 "
-                     "saves of that session were used by a reply.", ORACLE]
+        workdir = trained(ctx, seed, "ours")
+        for n, row in sorted(training_session_rows(workdir).items()):
+            report.rows.setdefault(f"session {n}", {})[seed] = row
+        report.provenance[str(seed)] = {"run": str(workdir), "metrics": str(workdir / "metrics.jsonl")}
+    report.notes += ["Over the online stage's training episodes (`ours`, sampled decisions, the policy learning as "
+                     "it plays), per session number: miss rate = high-value turns (y_p) not saved, FPR = other turns "
+                     "saved; proxy/truth r: Pearson r between a save's r_proxy and its r_qual(future) over that "
+                     "session's saves a later reply used (None with fewer than 3 or a constant side); saves used: "
+                     "their number.", ORACLE]
     return report
 
 

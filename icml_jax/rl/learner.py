@@ -43,6 +43,7 @@ from icml_jax.rl.divergence import DivergenceConfig
 from icml_jax.rl.pending import PendingRewardBuffer, SaveReward
 from icml_jax.rl.rewards import planner_reward
 from icml_jax.rl.rollout import agent_turns, decision_keys, lockstep
+from icml_jax.rl.save_log import SaveLogEntry
 from icml_jax.rl.trajectory import TurnRecord, build_slots
 from icml_jax.rl.updater import JointUpdater, UpdateResult
 
@@ -137,6 +138,7 @@ class OnlineLearner:
         self._closed: set[str] = set()
         self._counts: list[SessionCounts] = []  # label counts since the last update
         self.session_log: list[SessionCounts] = []  # every session played, in order (the learning curve)
+        self.save_log: list[SaveLogEntry] = []  # every finalized save's session and rewards (Table 8's r)
         self.last_finalized: list[SaveReward] = []  # save rewards emitted by the last update (inspection, logs)
         self.last_receipts: list[Receipt] = []  # the receipts of the last episode played (inspection, `/why`)
         self.last_records: list[TurnRecord] = []  # the turns the last update trained on, with their rewards
@@ -311,6 +313,8 @@ class OnlineLearner:
         """Finalize pending rewards, compute advantages, run the joint PPO update; returns the update's metrics."""
         start = time.perf_counter()
         self.last_finalized = self.buffer.finalize(closed_users=self._closed)
+        self.save_log += [SaveLogEntry(int(r.created_ref[1]), r.r_proxy, r.r_qual_future)
+                          for r in self.last_finalized if r.created_ref is not None]
         finalized = {r.decision_id: r for r in self.last_finalized}
         self._closed.clear()
         records, self._turns = self._turns, []
@@ -432,6 +436,7 @@ class OnlineLearner:
             "counters": {"episodes_seen": self.episodes_seen, "updates": self.updates,
                          "turns_seen": self.turns_seen, "closed_users": sorted(self._closed)},
             "session_log": [c.to_json() for c in self.session_log],
+            "save_log": [dataclasses.astuple(x) for x in self.save_log],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -456,5 +461,7 @@ class OnlineLearner:
         self.episodes_seen, self.updates, self.turns_seen = c["episodes_seen"], c["updates"], c["turns_seen"]
         self._closed = set(c["closed_users"])
         self.session_log = [SessionCounts.from_json(x) for x in state.get("session_log", [])]
+        self.save_log = [SaveLogEntry(int(s), float(p), None if q is None else float(q))
+                         for s, p, q in state.get("save_log", [])]  # absent from checkpoints written before it
         self._counts = []
         self.agent.policy_version = str(self.updates)

@@ -60,6 +60,7 @@ class SaveReward:
     triggered: bool
     r_qual_future: float | None  # the aggregated r_qual(future) used, None when never triggered
     num_triggers: int
+    created_ref: Any = None  # the saved turn's reference as given to `add` (the learner: [episode, session, turn])
 
 
 @dataclasses.dataclass
@@ -230,6 +231,7 @@ class PendingRewardBuffer:
                     triggered=bool(entry.triggers),
                     r_qual_future=float(q) if entry.triggers else None,
                     num_triggers=len(entry.triggers),
+                    created_ref=entry.created_ref,
                 )
             )
             del self._entries[entry.fragment_id]

@@ -14,18 +14,27 @@ from icml_jax.stages.run import Run, is_primary
 from icml_jax.workdir import CHECKPOINT_DIR
 
 
-def session_rows(phase: str, sessions: Sequence[Any]) -> list[dict[str, Any]]:
-    """Per-session-number rows of the per-session table (labels pooled over episodes, mean judged rewards)."""
+def session_rows(phase: str, sessions: Sequence[Any], saves: Sequence[Any] | None = None) -> list[dict[str, Any]]:
+    """Per-session-number rows of the per-session table (labels pooled over episodes, mean judged rewards; Table
+    8's miss and false-positive rates); with `saves` (`SaveLogEntry`s) also the proxy / truth correlation of the
+    saves made in each session."""
     from icml_jax.data.labels import pooled_metrics
+    from icml_jax.rl.save_log import proxy_truth_per_session
 
+    correlation = proxy_truth_per_session(saves) if saves is not None else {}
     rows = []
     for number in sorted({c.session for c in sessions}):
         m = pooled_metrics([c for c in sessions if c.session == number], "m")
-        rows.append({"table": "sessions", "phase": phase, "session": number + 1,
-                     "planner_precision": m["m/planner_precision"], "planner_recall": m["m/planner_recall"],
-                     "trigger_recall": m["m/trigger_recall"], "reward_trigger": m["m/reward_quality"],
-                     "reward_proxy": m["m/reward_proxy"],
-                     "decisions": sum(c.turns for c in sessions if c.session == number)})
+        row = {"table": "sessions", "phase": phase, "session": number + 1,
+               "planner_precision": m["m/planner_precision"], "planner_recall": m["m/planner_recall"],
+               "trigger_recall": m["m/trigger_recall"], "reward_trigger": m["m/reward_quality"],
+               "reward_proxy": m["m/reward_proxy"], "planner_miss_rate": m["m/planner_miss_rate"],
+               "planner_false_positive_rate": m["m/planner_false_positive_rate"],
+               "decisions": sum(c.turns for c in sessions if c.session == number)}
+        if saves is not None:
+            r = correlation.get(number + 1, {"saves": 0, "saves_used": 0, "r": None})
+            row.update({"proxy_truth_r": r["r"], "saves_finalized": r["saves"], "saves_used": r["saves_used"]})
+        rows.append(row)
     return rows
 
 
@@ -134,8 +143,9 @@ def stage_online(run: Run) -> dict[str, Any]:
         ckpt.wait()
         learner.close()  # the turn request threads of remote back ends
         session_log = [c for part in parallel.allgather_objects(learner.session_log) for c in part]
+        save_log = [s for part in parallel.allgather_objects(learner.save_log) for s in part]
         online = pooled_metrics(session_log, "online")
-        online_rows = session_rows("online", session_log)
+        online_rows = session_rows("online", session_log, save_log)
         after, after_rows = held_out_eval(learner.episodes_seen)
     for row in before_rows + online_rows + after_rows:
         run.metrics.write("online", row)

@@ -145,9 +145,22 @@ def test_judges_rejudge_every_system_and_identical_judges_agree(workdir):
     assert _mean(content, "ours", "offline|mean") == _mean(content, "ours", "judge|mean")
 
 
-def test_exploration_has_a_row_per_history_session(workdir):
+def test_exploration_reports_the_online_stages_rows_per_training_session(workdir, tmp_path):
+    from icml_jax.experiments.catalog import EXPLORATION_KEYS, training_session_rows
+    from icml_jax.runlog import read_metrics
+
     _, content = _run("exploration", workdir)
-    assert list(content["rows"]) == [f"session {n}" for n in range(1, 6)]  # the demo world: 6 sessions
+    logged = [r for r in read_metrics(workdir / "seed0" / "ours" / "metrics.jsonl")
+              if r.get("table") == "sessions" and r.get("phase") == "online"]
+    assert list(content["rows"]) == [f"session {n}" for n in range(1, 7)]  # the demo world's 6 sessions, all trained
+    assert [r["session"] for r in logged] == list(range(1, 7))
+    for r in logged:  # the training rows, not an evaluation after training
+        assert content["rows"][f"session {r['session']}"]["per_seed"]["0"] == {k: r[k] for k in EXPLORATION_KEYS}
+    assert any(r["planner_miss_rate"] is not None for r in logged) and sum(r["saves_finalized"] for r in logged) > 0
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"stage": "online", "table": "sessions", "phase": "online",
+                                                        "session": 1, "planner_miss_rate": 0.5}) + "\n")
+    with pytest.raises(ValueError, match="lack \\['planner_false_positive_rate'"):
+        training_session_rows(tmp_path)
 
 
 def test_lambda_runs_one_variant_per_weight(workdir):

@@ -80,6 +80,11 @@ def test_truth_reward_flows_across_sessions_of_one_user_never_across_users(tmp_p
     assert stats["triggers_assigned"] == 4 and stats["triggers_user_mismatch"] == 0 and len(learner.buffer) == 0
     assert out["rewards/truth_triggered_saves"] == 4.0
     assert out["rewards/truth_bonus"] == pytest.approx(lam * (0.9 + 0.55) / 2)
+    # Table 8's log: each finalized save's session (of the saved turn), r_proxy and r_qual(future)
+    logged = sorted((e.session, e.r_proxy, -1.0 if e.r_qual_future is None else e.r_qual_future)
+                    for e in learner.save_log)
+    expected = [(0, 1.0, 0.9)] * 2 + [(1, 0.0, -1.0)] * 2 + [(1, 0.0, 0.55)] * 2
+    assert np.asarray(logged) == pytest.approx(np.asarray(expected))
 
 
 class Flaky:
@@ -182,6 +187,7 @@ def test_state_dict_round_trip_resumes_bit_for_bit(lora_kit, persona_tokenizer):
     jax.tree.map(np.testing.assert_array_equal, a["params"], b["params"])
     jax.tree.map(np.testing.assert_array_equal, a["optimizer"], b["optimizer"])
     assert a["buffer"] == b["buffer"] and a["rng"] == b["rng"] and a["counters"] == b["counters"]
+    assert a["save_log"] == b["save_log"] and len(a["save_log"]) > len(state["save_log"]) > 0  # resumed, then grew
     np.testing.assert_array_equal(a["agent_key"], b["agent_key"])
     original.step_turn(second, second.episode_id, 0, 0, [])
     with pytest.raises(RuntimeError, match="checkpoint right after an update"):
