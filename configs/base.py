@@ -208,8 +208,9 @@ def get_config() -> ml_collections.ConfigDict:
         table6_baselines=("memochat", "rsum", "comedy"),  # Table 6's rows (memory methods; not in Table 1)
         synthetic_scale=(0, 100, 250, 500, 1000),  # synthesized training episodes (Table 3)
         lambdas=(0.3, 0.5, 0.7),  # truth-reward weights (Table 10)
-        judges=("offline",),  # judge back ends for Tables 7 / 11: "offline", "generator", "judge" (the config's
-        # blocks) or a local model directory (a small local LLM judges, its answers capped at:)
+        judges=("offline",),  # reward models for Tables 7 / 11 (`judges` trains with each, `rejudge` re-judges main's
+        # replies): "offline", "generator", "judge" (the config's blocks) or a local model directory (a small local
+        # LLM judges, its answers capped at:)
         local_judge_max_tokens=128,
         size_grid=(),  # local model dirs for Figure 6 (Planner backbone x Trigger backbone); empty: config.model
         sessions=10,  # Figure 7: sessions per episode

@@ -1,7 +1,8 @@
 """One function per paper result. Each builds its variants with `runs` under `<root>/seed<k>/<variant>` and
 returns a `tables.Report`. Variant directories are named the same in every experiment (base, ours, no_planner,
 lambda_0.3, baseline_mem0, ...), so experiments run on one workdir share whatever they have in common: `ablation`
-after `main` reuses its warm-up and its trained agent, `judges` rejudges `main`'s replies.
+after `main` reuses its warm-up and its trained agent, `judges` trains from the same warm-up, `rejudge` rejudges
+`main`'s replies.
 """
 
 from __future__ import annotations
@@ -258,9 +259,43 @@ def _judge_block(ctx: Context, spec: str) -> dict[str, Any]:
             "max_output_tokens": int(ctx.exp("local_judge_max_tokens", 128))}
 
 
+def _judge_label(spec: str) -> str:
+    """A judge spec's name in tables and run directories: offline / generator / judge, or the model dir's name."""
+    return spec if spec in ("offline", "generator", "judge") else Path(spec).name
+
+
 def judges(ctx: Context) -> Report:
-    """Tables 7 and 11: the same replies (ours and the baselines of `main`) judged by several back ends; the
-    systems' ranking per judge and each judge's per-reply agreement with the first."""
+    """Tables 7 and 11 as the paper runs them: online learning from the seed's warm-up with each judge back end of
+    `experiments.judges` as the reward model (`llm.judge`: r_proxy and r_qual), then the trained agent's
+    automatic metrics; every evaluation is judged by the config's own judge, so only the reward model differs."""
+    own = ctx.config.llm.judge.to_dict()
+    blocks = {_judge_label(spec): _judge_block(ctx, spec) for spec in ctx.exp("judges", ("offline",))}
+    if len(blocks) < len(ctx.exp("judges", ("offline",))):
+        raise ValueError(f"experiments.judges {list(ctx.exp('judges'))}: two entries have the same name")
+    variants = {}
+    for label, block in blocks.items():
+        if block == own:  # the config's reward model: the run every other experiment calls `ours`
+            variants[label] = lambda s: ours(ctx, s)
+            continue
+        name, over = f"judge_{label}", {"llm.judge": ml_collections.ConfigDict(block)}
+        variants[label] = lambda s, name=name, over=over: scored(ctx, s, trained(ctx, s, name, over), name)
+    report = Report("judges", "Reward model (judge back end)", "Tables 7 and 11",
+                    {**REPLY_COLUMNS, **MEMORY_COLUMNS}, {}, row_header="reward model")
+    _rows(ctx, variants, report)
+    for label, per_seed in report.provenance.items():
+        for entry in per_seed.values():
+            entry["reward_model"] = blocks[label]
+    report.notes += ["Each row: the online stage trained with that back end as `llm.judge` (the Planner's r_proxy "
+                     "and the Trigger's r_qual) from the same warm-up; the evaluation's judged columns come from "
+                     "the config's judge for every row. The old protocol (one run's replies re-judged by each "
+                     "back end) is the `rejudge` experiment.", ORACLE]
+    return report
+
+
+def rejudge(ctx: Context) -> Report:
+    """One run, several judges (not the paper's Tables 7 / 11, which train with each judge: `judges`): the same
+    replies (ours and the baselines of `main`) judged by each back end of `experiments.judges`; the systems'
+    ranking per judge and each judge's per-reply agreement with the first."""
     import icml_jax.llm.local  # noqa: F401  (registers the local back end)
     from scipy.stats import pearsonr, spearmanr
 
@@ -273,10 +308,11 @@ def judges(ctx: Context) -> Report:
 
     specs = list(ctx.exp("judges", ("offline",)))
     systems = ["ours", *ctx.exp("baselines", ())]
-    label = {spec: spec if spec in ("offline", "generator", "judge") else Path(spec).name for spec in specs}
+    label = {spec: _judge_label(spec) for spec in specs}
     columns = {f"{spec}|{key}": f"{label[spec]} {head}" for spec in specs
                for key, head in (("mean", "score"), ("failures", "failed"))}
-    report = Report("judges", "One run, several judges", "Tables 7 and 11", columns, {})
+    report = Report("rejudge", "One run, several judges", "Tables 7 and 11 (re-judged, not retrained)", columns,
+                    {})
     agreement: dict[str, Any] = {}
     for seed in ctx.seeds:
         main(dataclasses.replace(ctx, seeds=[seed]))  # the systems' replies (reused when main already ran)
@@ -558,7 +594,7 @@ def policy_maps(ctx: Context) -> Report:
 
 
 EXPERIMENTS: dict[str, Callable[[Context], Report]] = {
-    "main": main, "ablation": ablation, "synthetic_scale": synthetic_scale, "judges": judges,
+    "main": main, "ablation": ablation, "synthetic_scale": synthetic_scale, "judges": judges, "rejudge": rejudge,
     "exploration": exploration, "lambda": lambda_, "synthesis_direction": synthesis_direction,
     "size_grid": size_grid, "ten_sessions": ten_sessions, "policy_maps": policy_maps,
     "table6": table6, "efficiency": efficiency,

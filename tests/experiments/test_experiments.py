@@ -14,6 +14,7 @@ import pytest
 from icml_jax.experiments import runs
 from icml_jax.experiments.catalog import ABLATIONS, EXPERIMENTS
 from icml_jax.experiments.runner import _seeds_argv, run_experiment
+from icml_jax.runlog import read_metrics
 from tests.config_files import load_config
 
 ROOT = Path(__file__).parents[2]
@@ -137,8 +138,47 @@ def test_synthetic_scale_synthesizes_per_row(workdir):
     assert _mean(content, "0", "synthesized") == 0 and _mean(content, "2", "synthesized") > 0
 
 
-def test_judges_rejudge_every_system_and_identical_judges_agree(workdir):
-    _, content = _run("judges", workdir)
+def test_judges_train_one_run_per_reward_model_and_score_all_with_the_config_judge(tmp_path, monkeypatch):
+    """The wiring, with the runs recorded instead of played: another reward model trains its own online run from
+    the warm-up with that back end as llm.judge; every evaluation keeps the config's judge; the config's own
+    reward model is `ours`."""
+    local = tmp_path / "tiny-judge"
+    local.mkdir()
+    (local / "config.json").write_text("{}")
+    trained, evaluated = {}, {}
+
+    def online_run(config, workdir, *, init_from, overrides=None):
+        trained[workdir.name] = (runs.derive(config, overrides or {}).llm.judge.to_dict(), init_from)
+        return workdir
+
+    def evaluate(config, workdir, root, *, system, checkpoint=None, factory=None):
+        evaluated[system] = config.llm.judge.to_dict()
+        with_local = system == f"judge_{local.name}"
+        return {"generation": {"BLEU-4": 2.0 if with_local else 1.0}, "memory": {}, "efficiency": {},
+                "setting": {"episode_ids": ["e"], "selection": "seeded"}, "targets": 1}
+
+    monkeypatch.setattr(runs, "base_run", lambda config, root, **kw: root / "base" / "warmup")
+    monkeypatch.setattr(runs, "online_run", online_run)
+    monkeypatch.setattr(runs, "evaluate", evaluate)
+    config = smoke_config()
+    config.experiments.judges = ("offline", "judge", str(local))
+    files = run_experiment("judges", config, tmp_path / "exp", [0], log=lambda line: None)
+    content = json.loads(files["json"].read_text(encoding="utf-8"))
+    assert list(content["rows"]) == ["offline", "judge", local.name] and content["reproduces"] == "Tables 7 and 11"
+    block = {"kind": "local", "model_dir": str(local), "dtype": "float32", "max_output_tokens": 128}
+    warmup = tmp_path / "exp" / "seed0" / "base" / "warmup"
+    assert trained == {"ours": ({"kind": "offline"}, warmup), f"judge_{local.name}": (block, warmup)}
+    assert evaluated == {"ours": {"kind": "offline"}, f"judge_{local.name}": {"kind": "offline"}}
+    assert content["provenance"][local.name]["0"]["reward_model"] == block
+    assert _mean(content, "offline", "BLEU-4") == _mean(content, "judge", "BLEU-4") == 1.0
+    assert _mean(content, local.name, "BLEU-4") == 2.0
+    config.experiments.judges = ("offline", str(local), str(tmp_path / "exp" / ".." / local.name))
+    with pytest.raises(ValueError, match="same name"):
+        run_experiment("judges", config, tmp_path / "exp", [0], log=lambda line: None)
+
+
+def test_rejudge_rejudges_every_system_and_identical_judges_agree(workdir):
+    _, content = _run("rejudge", workdir)
     assert list(content["rows"]) == ["ours", *BASELINES]
     agreement = content["extra"]["agreement_with_first_judge"]["judge"]["0"]
     assert agreement["pearson_per_reply"] == pytest.approx(1.0)  # "judge" is the offline judge too
@@ -147,7 +187,6 @@ def test_judges_rejudge_every_system_and_identical_judges_agree(workdir):
 
 def test_exploration_reports_the_online_stages_rows_per_training_session(workdir, tmp_path):
     from icml_jax.experiments.catalog import EXPLORATION_KEYS, training_session_rows
-    from icml_jax.runlog import read_metrics
 
     _, content = _run("exploration", workdir)
     logged = [r for r in read_metrics(workdir / "seed0" / "ours" / "metrics.jsonl")
@@ -209,8 +248,8 @@ def test_two_seeds_report_mean_and_spread(workdir):
 
 
 def test_every_experiment_is_tested_here():
-    tested = {"main", "ablation", "synthetic_scale", "judges", "exploration", "lambda", "synthesis_direction",
-              "size_grid", "ten_sessions", "policy_maps", "table6", "efficiency"}
+    tested = {"main", "ablation", "synthetic_scale", "judges", "rejudge", "exploration", "lambda",
+              "synthesis_direction", "size_grid", "ten_sessions", "policy_maps", "table6", "efficiency"}
     assert set(EXPERIMENTS) == tested
 
 
