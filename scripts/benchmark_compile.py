@@ -44,7 +44,6 @@ def measure(num_layers: int, functions: list[str], repeats: int, length: int, op
     program's instruction count is a load-independent measure of what XLA had to compile."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
     from flax import nnx
 
     from icml_jax.agents.policy import MemoryPolicies, planner_act, trigger_act

@@ -9,7 +9,6 @@ optimizer state within 1e-6 (float32 reductions in another order), its metrics c
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess

@@ -16,7 +16,6 @@ from typing import Any
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx
 
 
 def _trigger_features(policies, tokens: np.ndarray, mask: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, ...]:

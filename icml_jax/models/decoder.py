@@ -15,7 +15,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, struct
+from flax import nnx
 
 from icml_jax.models.config import ModelConfig, RopeConfig
 

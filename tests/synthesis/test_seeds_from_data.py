@@ -5,7 +5,6 @@ the persona world keeps its drawn constraints."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
