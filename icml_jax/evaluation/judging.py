@@ -36,7 +36,7 @@ def proxy_truth_correlation(judge: ProxyJudge, results: Sequence[EpisodeResult],
     its truth reward (the mean judged quality of the final-session replies that used that memory), over the
     saves that some reply used (overall and per session of the save); r is None with fewer than 3 such saves or a
     constant side. Needs `judge_targets` first."""
-    from scipy.stats import pearsonr
+    from icml_jax.rl.save_log import pearson_or_none
 
     by_id = {e.episode_id: e for e in episodes}
     saves = [(r.episode_id, s) for r in results for s in r.saved]
@@ -57,10 +57,7 @@ def proxy_truth_correlation(judge: ProxyJudge, results: Sequence[EpisodeResult],
              if p.ok and (k := (eid, s["session"], s["turn"])) in quality]
 
     def r_of(xy: Sequence[tuple[int, float, float]]) -> float | None:
-        if len(xy) < 3:
-            return None
-        _, x, y = zip(*xy, strict=True)
-        return float(pearsonr(x, y).statistic) if len(set(x)) > 1 and len(set(y)) > 1 else None
+        return pearson_or_none([p[1] for p in xy], [p[2] for p in xy])
 
     out: dict[str, Any] = {"saves": len(saves), "saves_used": len(pairs),
                            "proxy_failures": sum(not p.ok for p in proxies), "r": r_of(pairs)}

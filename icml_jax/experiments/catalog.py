@@ -297,11 +297,12 @@ def rejudge(ctx: Context) -> Report:
     replies (ours and the baselines of `main`) judged by each back end of `experiments.judges`; the systems'
     ranking per judge and each judge's per-reply agreement with the first."""
     import icml_jax.llm.local  # noqa: F401  (registers the local back end)
-    from scipy.stats import pearsonr, spearmanr
+    from scipy.stats import spearmanr
 
     from icml_jax.evaluate import EVAL_DIR, eval_episodes
     from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
     from icml_jax.evaluation.judging import judge_targets
+    from icml_jax.rl.save_log import pearson_or_none
     from icml_jax.evaluation.report import TARGETS_JSONL
     from icml_jax.llm.judges import QualityJudge
     from icml_jax.llm.registry import make_backend
@@ -352,9 +353,8 @@ def rejudge(ctx: Context) -> Report:
                         ys.append(b)
             rank_ref = [np.nanmean([m for m in per_target[ref][s] if m is not None] or [np.nan]) for s in systems]
             rank_spec = [np.nanmean([m for m in per_target[spec][s] if m is not None] or [np.nan]) for s in systems]
-            ok = len(xs) >= 3 and len(set(xs)) > 1 and len(set(ys)) > 1
             agreement.setdefault(spec, {})[seed] = {
-                "pearson_per_reply": float(pearsonr(xs, ys).statistic) if ok else None,
+                "pearson_per_reply": pearson_or_none(xs, ys),
                 "spearman_systems": (float(spearmanr(rank_ref, rank_spec).statistic)
                                      if len(systems) > 2 and np.all(np.isfinite(rank_ref + rank_spec)) else None),
                 "replies": len(xs)}
