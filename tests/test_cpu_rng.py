@@ -54,4 +54,4 @@ def test_jax_random_gives_the_bits_of_the_looped_lowering_and_compiles_without_a
     split = jax.random.key_data(jax.jit(lambda k: jax.random.split(k, 2))(jax.random.key(7)))
     assert np.asarray(split).tolist() == [[3625411723, 1954958720], [195045567, 4062205631]]
     hlo = jax.jit(lambda k: jax.random.bernoulli(k, 0.9, (8, 64))).lower(jax.random.key(0)).compile().as_text()
-    assert " while(" not in hlo and "while" not in hlo.lower()
+    assert "while" not in hlo.lower()
