@@ -126,7 +126,7 @@ class AMemAgent(BaselineAgent):
         if not items or k <= 0:
             return []
         (row,) = self.relevance.scores([query], [m.index_text() for m in items])
-        return [items[i] for i in top_indices(row, k, positive_only=self.relevance.kind == "bm25")]
+        return [items[i] for i in top_indices(row, k, positive_only=self.relevance.positive_only)]
 
     def _evolve(self, note: Note, candidates: Sequence[Note], bank: dict[str, Note]) -> None:
         """The link and evolution call for a new note, applied (links both ways)."""
@@ -162,7 +162,7 @@ class AMemAgent(BaselineAgent):
         scores = self.relevance.scores([q.utterance for q in queries], [m.index_text() for m in items])
         out = []
         for row in scores:
-            top = [items[i] for i in top_indices(row, self.top_k, positive_only=self.relevance.kind == "bm25")]
+            top = [items[i] for i in top_indices(row, self.top_k, positive_only=self.relevance.positive_only)]
             shown = {n.note_id: n for n in top}
             for n in top:
                 linked = [bank[i] for i in reversed(n.links) if i not in shown]
@@ -172,10 +172,8 @@ class AMemAgent(BaselineAgent):
 
     def provenance(self) -> dict[str, Any]:
         return {**super().provenance(), "top_k": self.top_k, "link_k": self.link_k, "neighbours": self.neighbours,
-                "max_keywords": self.max_keywords, "link_decision": "llm", "relevance": self.relevance.kind,
-                "stats": self.stats,
-                **({"encoder": getattr(self.relevance.encoder, "label", "")} if self.relevance.kind == "dense"
-                   else {})}
+                "max_keywords": self.max_keywords, "link_decision": "llm", "stats": self.stats,
+                **self.relevance.provenance()}
 
 
 def build(ctx: Any) -> tuple[AMemAgent, dict[str, Any]]:

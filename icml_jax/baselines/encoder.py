@@ -123,6 +123,7 @@ class DenseRelevance:
     """Relevance = cosine similarity of embeddings; each distinct text is encoded once (`forget` clears)."""
 
     kind = "dense"
+    positive_only = False  # every cosine ranks, negative ones too
 
     def __init__(self, encoder: Encoder) -> None:
         self.encoder = encoder
@@ -147,11 +148,16 @@ class DenseRelevance:
         """Drop the cached embeddings."""
         self._cache.clear()
 
+    def provenance(self) -> dict[str, Any]:
+        """The relevance kind and the encoder's label, for a baseline's provenance."""
+        return {"relevance": self.kind, "encoder": getattr(self.encoder, "label", "")}
+
 
 class LexicalRelevance:
     """Relevance = BM25 of the query against the documents (statistics from the documents themselves)."""
 
     kind = "bm25"
+    positive_only = True  # a score of 0 shares no word with the query: never relevant
 
     def scores(self, queries: Sequence[str], documents: Sequence[str]) -> np.ndarray:
         """[Q, D] BM25 scores (>= 0; 0 = no shared word)."""
@@ -160,6 +166,10 @@ class LexicalRelevance:
 
     def forget(self) -> None:
         """Nothing cached."""
+
+    def provenance(self) -> dict[str, Any]:
+        """The relevance kind, for a baseline's provenance."""
+        return {"relevance": self.kind}
 
 
 def relevance_from(kind: str, settings: dict[str, Any], ctx: Any) -> DenseRelevance | LexicalRelevance:

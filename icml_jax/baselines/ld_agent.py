@@ -190,15 +190,13 @@ class LDAgent(BaselineAgent):
             return [NO_MEMORY for _ in queries]
         rows = self.scores(queries, events) if events else np.zeros((len(queries), 0))
         return [choice_of([Recalled(events[i].memory_id, events[i].text, events[i].refs)
-                           for i in top_indices(row, self.top_k, positive_only=self.relevance.kind == "bm25")]
+                           for i in top_indices(row, self.top_k, positive_only=self.relevance.positive_only)]
                           + persona) for row in rows]
 
     def provenance(self) -> dict[str, Any]:
         return {**super().provenance(), "top_k": self.top_k, "topic_weight": self.topic_weight,
                 "recency_tau": self.recency_tau, "max_traits": self.max_traits, "persona_shown": self.persona_shown,
-                "relevance": self.relevance.kind, "time_unit": "sessions", "stats": self.stats,
-                **({"encoder": getattr(self.relevance.encoder, "label", "")} if self.relevance.kind == "dense"
-                   else {})}
+                "time_unit": "sessions", "stats": self.stats, **self.relevance.provenance()}
 
 
 def build(ctx: Any) -> tuple[LDAgent, dict[str, Any]]:

@@ -85,7 +85,7 @@ class Mem0Agent(BaselineAgent):
         if not items or k <= 0:
             return []
         (row,) = self.relevance.scores([query], [m.text for m in items])
-        return [items[i] for i in top_indices(row, k, positive_only=self.relevance.kind == "bm25")]
+        return [items[i] for i in top_indices(row, k, positive_only=self.relevance.positive_only)]
 
     def construct(self, user_id: str, episode: Episode, session: int, turn: int,
                   history: Sequence[tuple[str, str]]) -> bool:
@@ -141,15 +141,13 @@ class Mem0Agent(BaselineAgent):
         if not items:
             return [NO_MEMORY for _ in queries]
         scores = self.relevance.scores([q.utterance for q in queries], [m.text for m in items])
-        positive = self.relevance.kind == "bm25"
+        positive = self.relevance.positive_only
         return [choice_of([Recalled(items[i].memory_id, items[i].text, items[i].refs)
                            for i in top_indices(row, self.top_k, positive_only=positive)]) for row in scores]
 
     def provenance(self) -> dict[str, Any]:
         return {**super().provenance(), "top_k": self.top_k, "similar": self.similar, "max_facts": self.max_facts,
-                "relevance": self.relevance.kind, "events": self.events,
-                **({"encoder": getattr(self.relevance.encoder, "label", "")} if self.relevance.kind == "dense"
-                   else {})}
+                "events": self.events, **self.relevance.provenance()}
 
 
 def build(ctx: Any) -> tuple[Mem0Agent, dict[str, Any]]:

@@ -155,9 +155,7 @@ class MemoryBankAgent(BaselineAgent):
 
     def provenance(self) -> dict[str, Any]:
         return {**super().provenance(), "top_k": self.top_k, "retention_threshold": self.threshold,
-                "relevance": self.relevance.kind, "time_unit": "sessions", "stats": self.stats,
-                **({"encoder": getattr(self.relevance.encoder, "label", "")} if self.relevance.kind == "dense"
-                   else {})}
+                "time_unit": "sessions", "stats": self.stats, **self.relevance.provenance()}
 
 
 def build(ctx: Any) -> tuple[MemoryBankAgent, dict[str, Any]]:

@@ -257,7 +257,7 @@ class MemoryOSAgent(BaselineAgent):
         if not texts or k <= 0:
             return []
         (row,) = self.relevance.scores([query], list(texts))
-        return top_indices(row, k, positive_only=self.relevance.kind == "bm25")
+        return top_indices(row, k, positive_only=self.relevance.positive_only)
 
     def recall(self, user_id: str, queries: Sequence[Query], *, final: bool) -> list[MemoryChoice]:
         """Retrieved segments' pages, the most relevant knowledge, the profile and earlier sessions' STM pages;
@@ -293,10 +293,8 @@ class MemoryOSAgent(BaselineAgent):
                 "mid_term_segments": self.mid_term_segments, "segment_threshold": self.segment_threshold,
                 "heat_threshold": self.heat_threshold, "recency_tau": self.recency_tau,
                 "pages_per_segment": self.pages_per_segment, "max_knowledge": self.max_knowledge,
-                "knowledge_shown": self.knowledge_shown, "relevance": self.relevance.kind, "time_unit": "sessions",
-                "stats": self.stats,
-                **({"encoder": getattr(self.relevance.encoder, "label", "")} if self.relevance.kind == "dense"
-                   else {})}
+                "knowledge_shown": self.knowledge_shown, "time_unit": "sessions", "stats": self.stats,
+                **self.relevance.provenance()}
 
 
 def build(ctx: Any) -> tuple[MemoryOSAgent, dict[str, Any]]:

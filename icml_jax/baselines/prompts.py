@@ -134,19 +134,7 @@ def parse_facts(response: LLMResponse) -> tuple[list[tuple[int | None, str]] | N
     items = value.get("facts") if isinstance(value, dict) else value
     if not isinstance(items, list):
         return None, f"expected a list of facts, got {type(items).__name__}"
-    facts, problems = [], []
-    for item in items:
-        text = item.get("fact") if isinstance(item, dict) else item
-        if not isinstance(text, str) or not text.strip():
-            problems.append(f"item without a fact text: {item!r}"[:120])
-            continue
-        turn = item.get("turn") if isinstance(item, dict) else None
-        if isinstance(turn, str) and turn.strip().isdigit():
-            turn = int(turn)
-        if not isinstance(turn, int) or isinstance(turn, bool):
-            problems.append(f"fact without a turn id: {text[:60]!r}")
-            turn = None
-        facts.append((turn, " ".join(text.split())))
+    facts, problems = turn_items(items, "fact")
     return facts, "; ".join(problems) or None
 
 

@@ -130,7 +130,7 @@ class TheanineAgent(BaselineAgent):
         asks = []
         for memory, row in zip(new, rows, strict=True):
             shown = [earlier[i] for i in top_indices(row, self.link_candidates,
-                                                     positive_only=self.relevance.kind == "bm25")]
+                                                     positive_only=self.relevance.positive_only)]
             if shown:
                 asks.append((memory, shown))
         if not asks:
@@ -185,7 +185,7 @@ class TheanineAgent(BaselineAgent):
         rows = self.relevance.scores([q.utterance for q in queries], [m.text for m in items])
         plans: list[tuple[list[TimelineMemory], list[list[TimelineMemory]]] | None] = []
         for row in rows:
-            anchors = [items[i] for i in top_indices(row, self.top_k, positive_only=self.relevance.kind == "bm25")]
+            anchors = [items[i] for i in top_indices(row, self.top_k, positive_only=self.relevance.positive_only)]
             timelines: dict[tuple[str, ...], list[TimelineMemory]] = {}
             for anchor in anchors:
                 line = self.timeline(bank, anchor)
@@ -217,9 +217,8 @@ class TheanineAgent(BaselineAgent):
     def provenance(self) -> dict[str, Any]:
         return {**super().provenance(), "top_k": self.top_k, "link_candidates": self.link_candidates,
                 "timeline_length": self.timeline_length, "max_facts": self.max_facts,
-                "relations": list(prompts.THEANINE_RELATIONS), "relevance": self.relevance.kind, "stats": self.stats,
-                **({"encoder": getattr(self.relevance.encoder, "label", "")} if self.relevance.kind == "dense"
-                   else {})}
+                "relations": list(prompts.THEANINE_RELATIONS), "stats": self.stats,
+                **self.relevance.provenance()}
 
 
 def build(ctx: Any) -> tuple[TheanineAgent, dict[str, Any]]:
