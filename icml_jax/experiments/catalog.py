@@ -50,6 +50,23 @@ ORACLE = ("The offline judge is an oracle: it scores a reply by whether the memo
           "they drive show whether the right memory reached the reply, not reply quality.")
 
 
+def judge_notes(config: ml_collections.ConfigDict) -> list[str]:
+    """What the judged columns mean under the config's back ends: the oracle note when the judge is offline, what
+    the judge reads when it is a real model, and a note when the offline generator (not an LLM) writes replies."""
+    judge, generator = config.llm.judge, config.llm.generator
+    if judge.kind == "offline":
+        notes = [ORACLE]
+    else:
+        model = judge.get("model_dir") or judge.get("model") or "?"
+        how = (" by its score-token probabilities (the expected 1-5 score per dimension)"
+               if judge.kind == "local" and judge.get("judge_mode", "scores") == "scores" else "")
+        notes = [f"Judge columns: the {judge.kind} judge ({Path(str(model)).name}) rates each reply{how}; it reads "
+                 "the dialogue and the reply, never the gold turn or a label."]
+    if generator.kind == "offline" and judge.kind != "offline":
+        notes.append("The offline generator writes the replies (it quotes the recalled memory): no LLM wrote them.")
+    return notes
+
+
 # ------------------------------------------------------------------------------------------- shared variants
 
 
@@ -125,9 +142,9 @@ def _ours_against(ctx: Context, report: Report, names: Sequence[str]) -> Report:
     variants = {"ours": lambda s: ours(ctx, s)}
     variants |= {n: (lambda s, n=n: baseline(ctx, s, n)) for n in names}
     _rows(ctx, variants, report)
-    report.notes += [ORACLE, "T-rec: trigger recall (a needed memory reached the reply), over history and "
-                     "target turns; prompt tok: reply prompt tokens per target; stored tok: memory tokens after "
-                     "the last history session."]
+    report.notes += [*judge_notes(ctx.config), "T-rec: trigger recall (a needed memory reached the reply), over "
+                     "history and target turns; prompt tok: reply prompt tokens per target; stored tok: memory "
+                     "tokens after the last history session."]
     return report
 
 
@@ -206,7 +223,7 @@ def ablation(ctx: Context) -> Report:
         return run
 
     _rows(ctx, {"full": lambda s: ours(ctx, s)} | {n: variant(n) for n in ABLATIONS}, report)
-    report.notes += [f"{n}: {what}." for n, (what, _) in ABLATIONS.items()] + [ORACLE]
+    report.notes += [f"{n}: {what}." for n, (what, _) in ABLATIONS.items()] + judge_notes(ctx.config)
     return report
 
 
@@ -241,7 +258,7 @@ def synthetic_scale(ctx: Context) -> Report:
         variants[str(n)] = run
     _rows(ctx, variants, report, metric=lambda c: {**metrics_of(c), "synthesized": c["synthesized"]})
     report.notes += ["The warm-up's steps grow with the data (warmup.epochs passes over it); online learning is the "
-                     "same for every row.", ORACLE]
+                     "same for every row.", *judge_notes(ctx.config)]
     return report
 
 
@@ -288,7 +305,9 @@ def judges(ctx: Context) -> Report:
     report.notes += ["Each row: the online stage trained with that back end as `llm.judge` (the Planner's r_proxy "
                      "and the Trigger's r_qual) from the same warm-up; the evaluation's judged columns come from "
                      "the config's judge for every row. The old protocol (one run's replies re-judged by each "
-                     "back end) is the `rejudge` experiment.", ORACLE]
+                     "back end) is the `rejudge` experiment.", *judge_notes(ctx.config)]
+    if any(b.get("kind") == "offline" for b in blocks.values()) and own.get("kind") != "offline":
+        report.notes.append("The `offline` reward model is an oracle: it rewards by the data's labels.")
     return report
 
 
@@ -362,7 +381,7 @@ def rejudge(ctx: Context) -> Report:
     report.notes += [f"Judges: {specs}; each cell is the mean normalized 1-5 score (percent) over the five "
                      "dimensions of the replies it judged; failures: verdicts that stayed invalid (left out).",
                      f"Agreement with {specs[0]} (per-reply Pearson r, system-ranking Spearman rho) is in the JSON "
-                     "under extra.agreement_with_first_judge.", ORACLE]
+                     "under extra.agreement_with_first_judge.", *judge_notes(ctx.config)]
     return report
 
 
@@ -403,7 +422,7 @@ def exploration(ctx: Context) -> Report:
                      "it plays), per session number: miss rate = high-value turns (y_p) not saved, FPR = other turns "
                      "saved; proxy/truth r: Pearson r between a save's r_proxy and its r_qual(future) over that "
                      "session's saves a later reply used (None with fewer than 3 or a constant side); saves used: "
-                     "their number.", ORACLE]
+                     "their number.", *judge_notes(ctx.config)]
     return report
 
 
@@ -422,7 +441,7 @@ def lambda_(ctx: Context) -> Report:
             variants[f"{lam:g}"] = (lambda s, lam=lam, over=over: scored(
                 ctx, s, trained(ctx, s, f"lambda_{lam:g}", over), f"lambda_{lam:g}", overrides=over))
     _rows(ctx, variants, report)
-    report.notes += [f"lambda {default:g} is the config's own run (`ours`).", ORACLE]
+    report.notes += [f"lambda {default:g} is the config's own run (`ours`).", *judge_notes(ctx.config)]
     return report
 
 
@@ -454,7 +473,7 @@ def synthesis_direction(ctx: Context) -> Report:
     _rows(ctx, {"backward (ours)": lambda s: run(s, "backward"), "forward": lambda s: run(s, "forward")}, report,
           metric=lambda c: {**metrics_of(c), **c["_synthesis"]})
     report.notes += ["dependent turns / ep: turns of a synthesized training episode that need an earlier one (y_t); "
-                     "warm-up T-acc: the warm-up's held-out Trigger accuracy (percent).", ORACLE]
+                     "warm-up T-acc: the warm-up's held-out Trigger accuracy (percent).", *judge_notes(ctx.config)]
     return report
 
 
@@ -520,7 +539,7 @@ def size_grid(ctx: Context) -> Report:
     report.figure = figure
     report.notes += ["Tiny backbones: sizes are hidden widths (`model.hidden` for the Planner, `model.trigger_hidden` "
                      "for the Trigger); pretrained ones: model directories sharing one tokenizer (one family).",
-                     ORACLE]
+                     *judge_notes(ctx.config)]
     return report
 
 
@@ -562,7 +581,7 @@ def ten_sessions(ctx: Context) -> Report:
 
     report.figure = figure
     report.notes += [f"Persona-world episodes of {n} sessions (the world's num_sessions); session {n} holds the "
-                     "evaluation targets (trigger recall only).", ORACLE]
+                     "evaluation targets (trigger recall only).", *judge_notes(ctx.config)]
     return report
 
 
@@ -600,4 +619,4 @@ EXPERIMENTS: dict[str, Callable[[Context], Report]] = {
     "table6": table6, "efficiency": efficiency,
 }
 
-__all__ = ["ABLATIONS", "EXPERIMENTS", "Context", "ORACLE"]
+__all__ = ["ABLATIONS", "EXPERIMENTS", "Context", "ORACLE", "judge_notes"]

@@ -268,3 +268,20 @@ def test_cli_errors_are_one_line(tmp_path):
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "experiment error: ten_sessions needs the persona world" in proc.stderr
+
+
+def test_judge_notes_call_only_the_offline_judge_an_oracle():
+    """The tables' note on the judged columns follows the config's back ends: the oracle note for the offline
+    judge only; a real judge is named with what it reads; the offline generator is said not to be an LLM."""
+    import ml_collections
+
+    from icml_jax.experiments.catalog import ORACLE, judge_notes
+
+    config = smoke_config()
+    assert judge_notes(config) == [ORACLE]
+    config.llm.judge = ml_collections.ConfigDict(dict(kind="local", model_dir="/m/smollm2", judge_mode="scores"))
+    notes = judge_notes(config)
+    assert ORACLE not in notes and "smollm2" in notes[0] and "score-token" in notes[0]
+    assert "oracle" not in " ".join(notes) and "no LLM wrote them" in notes[-1]  # demo: the offline generator
+    config.llm.generator = ml_collections.ConfigDict(dict(kind="local", model_dir="/m/smollm2"))
+    assert len(judge_notes(config)) == 1
