@@ -58,8 +58,11 @@ def judge_notes(config: ml_collections.ConfigDict) -> list[str]:
         notes = [ORACLE]
     else:
         model = judge.get("model_dir") or judge.get("model") or "?"
+        from icml_jax.llm.local import DEFAULT_JUDGE_MODE, JUDGE_MODE_SCORES
+
         how = (" by its score-token probabilities (the expected 1-5 score per dimension)"
-               if judge.kind == "local" and judge.get("judge_mode", "scores") == "scores" else "")
+               if judge.kind == "local" and (judge.get("judge_mode") or DEFAULT_JUDGE_MODE) == JUDGE_MODE_SCORES
+               else "")
         notes = [f"Judge columns: the {judge.kind} judge ({Path(str(model)).name}) rates each reply{how}; it reads "
                  "the dialogue and the reply, never the gold turn or a label."]
     if generator.kind == "offline" and judge.kind != "offline":
