@@ -4,10 +4,13 @@ JSON path unchanged for back ends without a score mode."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from icml_jax.llm import LLMRequest, LLMResponse, LocalBackend, OfflineBackend, TokenUsage, make_backend, prompts
 from icml_jax.llm.cache import CachedBackend, ResponseCache
@@ -47,6 +50,17 @@ def local(parts, **kw) -> LocalBackend:
     return LocalBackend(model, tok, **kw)
 
 
+REFERENCE_LENGTH = 512  # every reference prompt is right-padded to this length: one compiled forward pass for all
+
+
+@functools.cache
+def _reference_forward(model):
+    """The model's logits for one row (right padding cannot reach earlier positions of a causal model)."""
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(lambda s, tokens: nnx.merge(graphdef, s)(tokens).logits[0])
+    return lambda tokens: forward(state, tokens)
+
+
 def reference_expected(parts, request: ScoreRequest) -> list[float]:
     """Per cue, the expected level from the model's own float64-softmaxed logits at the cue's last token."""
     model, tok = parts
@@ -56,7 +70,10 @@ def reference_expected(parts, request: ScoreRequest) -> list[float]:
     out = []
     for cue in request.cues:
         ids = tok(apply_chat_template(tok, messages) + cue, add_special_tokens=False)["input_ids"]
-        logits = np.asarray(model(jnp.asarray([ids], jnp.int32)).logits[0, -1], np.float64)
+        assert len(ids) <= REFERENCE_LENGTH, len(ids)
+        row = np.full((1, REFERENCE_LENGTH), tok.pad_token_id, np.int32)
+        row[0, :len(ids)] = ids
+        logits = np.asarray(_reference_forward(model)(jnp.asarray(row))[len(ids) - 1], np.float64)
         p = np.exp(logits - logits.max())
         q = p[digits] / p[digits].sum()
         out.append(float(q @ np.arange(1, 6)))

@@ -111,11 +111,26 @@ def real(request):
         torch.set_num_threads(threads)
 
 
+# Config keys that do not enter the forward pass and differ between the two loadings (names, provenance, token ids
+# that only `generate` reads, and which it is given explicitly here); every other key must agree.
+NOT_FORWARD_KEYS = {"_model_name_or_path", "architectures", "quantization_config", "eos_token_id", "unk_token_id"}
+
+
+def forward_config(model) -> dict:
+    """A transformers model's config without NOT_FORWARD_KEYS, floats rounded to float32 (as the model uses them)."""
+    return {k: float(np.float32(v)) if isinstance(v, float) else v
+            for k, v in model.config.to_dict().items() if k not in NOT_FORWARD_KEYS}
+
+
 def test_converted_weights_equal_transformers_gguf_loading(real):
+    """transformers on our directory and on the GGUF file are one model: the same class, the same weights bit for
+    bit and the same forward-pass config (so one greedy reference stands for both below)."""
     ours, theirs = real.hf.state_dict(), real.hf_gguf.state_dict()
     assert set(ours) == set(theirs)
     for name, tensor in ours.items():
         assert torch.equal(tensor, theirs[name]), name
+    assert type(real.hf) is type(real.hf_gguf)
+    assert forward_config(real.hf) == forward_config(real.hf_gguf)
 
 
 def test_config_matches_transformers_gguf_reading(real):
@@ -159,13 +174,14 @@ def test_logits_on_long_prompt(real):
 
 
 def test_greedy_continuations_identical(real):
-    """64 greedy tokens for the five prompts in one left-padded batch: ours vs transformers' generate."""
+    """64 greedy tokens for the five prompts in one left-padded batch: ours vs transformers' generate on the GGUF
+    file (transformers on our directory is the same model: test_converted_weights_equal_transformers_gguf_loading)."""
     tok = real.tokenizer
     result = generate_tokens(real.ours, real.prompts, max_new_tokens=NEW_TOKENS, eos_ids=real.eos,
                              pad_id=tok.pad_token_id)
     ours = [[int(t) for t in row[:n]] for row, n in zip(result.tokens, result.lengths)]
     ids, mask = left_padded(real.prompts, tok.pad_token_id)
-    for label, model in real.references.items():
+    for label, model in [("transformers (GGUF file)", real.hf_gguf)]:
         with torch.no_grad():
             out = model.generate(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
                                  do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=real.eos,

@@ -25,7 +25,7 @@ from tests.train.conftest import make_policies
 
 SEEDS = (0, 1, 2)
 # Larger lr than the paper's 2e-5: a tiny random backbone, three epochs, a few hundred steps.
-CONFIG = WarmupConfig(learning_rate=3e-3, batch_size=8, log_every=100,
+CONFIG = WarmupConfig(learning_rate=3e-3, batch_size=8, log_every=100, epochs=2,
                       observation=ObservationConfig(context_turns=1, max_length=64, min_length_bucket=32,
                                                     max_candidates=7))
 
