@@ -314,6 +314,7 @@ def apply_lora(
     def build(m):
         out = qwix.apply_lora_to_model(m, provider, jnp.zeros((1, 1), jnp.int32), rngs=nnx.Rngs(0),
                                        skip_nnx_init=True)
+        out.__class__ = _adapted_class(type(out), lora)
         for path, var in per_layer:
             owner = out.layers
             for name in path[:-1]:
@@ -349,6 +350,16 @@ def apply_lora(
         parallel.shard_model(rngs, mesh, rules)
     out.set_attributes(qwix_rngs=rngs, raise_if_not_found=False)
     return out
+
+
+_ADAPTED_CLASSES: dict[tuple[type, LoraConfig], type] = {}
+
+
+def _adapted_class(cls: type, lora: LoraConfig) -> type:
+    """One qwix-intercepted class per (decoder class, LoRA config): qwix makes a new class on every call, and a new
+    class is a new graphdef, so equal models built twice would never share a compiled program. The providers the
+    classes close over differ only in qwix's logging counters, so the first class serves every later build."""
+    return _ADAPTED_CLASSES.setdefault((cls._unquantized_type, lora), cls)
 
 
 def _check_targets(adapters: list, lora: LoraConfig, model: nnx.Module) -> None:

@@ -304,3 +304,23 @@ def test_lora_layers_validate(checkpoints):
             lora.LoraConfig(layers=bad)
     with pytest.raises(ValueError, match="exceeds the model's 3 layers"):
         lora.apply_lora(from_pretrained(checkpoints["llama"]), lora.LoraConfig(layers=4))
+
+
+def test_models_adapted_alike_share_one_graph_and_one_compilation(checkpoints):
+    """Two adaptations with one LoRA config (other weights, other seeds) are one graph, so a program compiled for
+    the first serves the second; another config is another graph."""
+    base = from_pretrained(checkpoints["llama"])
+    first, second = lora.apply_lora(base, SMALL, seed=1), lora.apply_lora(base, SMALL, seed=2)
+    other = lora.apply_lora(base, dataclasses.replace(SMALL, rank=2), seed=1)
+    assert nnx.graphdef(first) == nnx.graphdef(second) and nnx.graphdef(first) != nnx.graphdef(other)
+    traces = []
+
+    @nnx.jit
+    def forward(model, ids):
+        traces.append(1)
+        return model(ids).logits
+
+    ids = jnp.ones((1, 4), jnp.int32)
+    H.randomize_adapters(second, seed=3)
+    a, b = forward(first, ids), forward(second, ids)
+    assert len(traces) == 1 and not np.allclose(np.asarray(a), np.asarray(b))  # one program, each model's values
