@@ -26,6 +26,11 @@ CELL_TIMEOUT_S = 600
 
 # the offline demo made smaller still (as tests/test_main.py's tiny_demo): 4 online episodes, 2 held out
 TINY_DEMO = {"synthesis.num_seeds": 4, "data.train_episodes": 4, "data.eval_episodes": 2}
+# notebook 02's tiny arm with configs/demo.py's observation buckets (one length, one candidate bucket,
+# `agents.tiny.learning_observation`): its programs are then those notebook 01 compiled, read back from the
+# shared compilation cache instead of compiled again (in its killed first run and in the resumed one)
+DEMO_BUCKETS = {"observation.min_length_bucket": 64, "observation.max_candidates": 7,
+                "observation.min_candidate_bucket": 8}
 
 
 def committed_notebooks() -> list[Path]:
@@ -44,7 +49,7 @@ def cpu_parameters(name: str, workdirs: Path) -> dict[str, Any]:
     return {
         "01_quickstart.ipynb": {**demo, "USER": "nb_test_user"},
         "02_small_model.ipynb": {"MODEL": "tiny", "JUDGE": "offline", "USE_DRIVE": False, "SIMULATE_RESTART": True,
-                                 "WORKDIR": str(workdirs / "small_model"), "OVERRIDES": {}},
+                                 "WORKDIR": str(workdirs / "small_model"), "OVERRIDES": DEMO_BUCKETS},
         "03_evaluate.ipynb": {**demo, "BASELINES": ["no_memory", "heuristic", "mem0"],
                               "BASELINES_DIR": str(workdirs / "baselines"), "PAIRWISE": True},
     }[name]
