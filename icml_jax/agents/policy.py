@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from icml_jax.models.decoder import Decoder, init_cache
+from icml_jax.models.decoder import Decoder, init_cache, repeat_cache
 from icml_jax.models.lora import TRAINABLE, TrainableParam
 
 Array = jax.Array
@@ -174,9 +174,7 @@ def _shared_prefix_features(backbone: Decoder, split: PrefixSplit, pooling: str)
     length = split.prefix.shape[1]
     cache = init_cache(backbone.config, b, length + slots, backbone.dtype)
     pre = backbone(split.prefix, attention_mask=split.prefix_mask, cache=cache, compute_logits=False)
-    cache = pre.cache
-    cache = cache._replace(k=jnp.repeat(cache.k, c, axis=1), v=jnp.repeat(cache.v, c, axis=1),
-                           valid=jnp.repeat(cache.valid, c, axis=0))
+    cache = repeat_cache(pre.cache, c)
     smask = split.suffix_mask.reshape(b * c, slots)
     hidden = backbone(split.suffix.reshape(b * c, slots), attention_mask=smask, cache=cache,
                       compute_logits=False).hidden.astype(jnp.float32)

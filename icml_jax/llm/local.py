@@ -116,34 +116,30 @@ class LocalBackend:
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResponse]:
         """For every request and cue, the distribution over the levels 1..5 of the next token, its expected level
-        and the mass it had before normalising; rows sorted by length, chunked to `max_batch` (padded to a power
-        of two) and left-padded to a power-of-two length, so a run compiles one program per bucket."""
-        from flax import nnx
-
-        from icml_jax.models.sampler import bucket
-
+        and the mass it had before normalising. A request with several cues runs the prompt they share once into
+        a KV cache and only each cue's own tokens against it (`_score_shared`: the same causal computation); the
+        others run row by row (`_score_rows`). Batches are padded to powers of two in rows and length, so a run
+        compiles one program per bucket."""
         levels = self._level_ids()
         templated = bool(getattr(self.tokenizer, "chat_template", None))
         rows = [(i, c, list(self.tokenizer(self._render_cue(r.request, cue), add_special_tokens=not templated)
                             ["input_ids"]))
                 for i, r in enumerate(requests) for c, cue in enumerate(r.cues)]
-        order = sorted(range(len(rows)), key=lambda k: len(rows[k][2]))
         probs = np.zeros((len(rows), len(SCORE_LEVELS)), np.float64)
         mass = np.zeros(len(rows), np.float64)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        graphdef, state = nnx.split(self.model)
+        first_row = np.cumsum([0] + [len(r.cues) for r in requests])
+        shared: list[tuple[int, int]] = []  # (request, prefix length) of the requests run on a shared prefix
+        alone: list[int] = []
+        for i, r in enumerate(requests):
+            tokens = [rows[k][2] for k in range(first_row[i], first_row[i + 1])]
+            k = _shared_length(tokens)
+            if len(tokens) > 1 and k > 0:
+                shared.append((i, k))
+            else:
+                alone.extend(range(first_row[i], first_row[i + 1]))
         start = time.perf_counter()
-        for lo in range(0, len(order), self._max_batch):
-            chunk = order[lo:lo + self._max_batch]
-            chunk = chunk + [chunk[-1]] * (_pow2(len(chunk)) - len(chunk))  # extra rows are dropped
-            length = bucket(max(len(rows[k][2]) for k in chunk))
-            tokens = np.full((len(chunk), length), pad, np.int32)
-            valid = np.zeros((len(chunk), length), bool)
-            for j, k in enumerate(chunk):
-                ids = rows[k][2]
-                tokens[j, length - len(ids):], valid[j, length - len(ids):] = ids, True
-            p, m = _score_program()(graphdef, state, tokens, valid, levels.ids, levels.mask)
-            probs[chunk], mass[chunk] = np.asarray(p, np.float64), np.asarray(m, np.float64)
+        self._score_rows([rows[k][2] for k in alone], alone, probs, mass, levels)
+        self._score_shared(shared, rows, first_row, probs, mass, levels)
         latency = (time.perf_counter() - start) / max(1, len(requests))
         bad = [k for k in range(len(rows)) if not np.all(np.isfinite(probs[k]))]
         if bad:
@@ -162,6 +158,65 @@ class LocalBackend:
                                      expected=tuple(float(x) for x in p @ levels), mass=tuple(float(x) for x in m),
                                      prompt_tokens=n_in, latency_s=latency))
         return out
+
+    def _score_rows(self, tokens: list[list[int]], where: list[int], probs: np.ndarray, mass: np.ndarray,
+                    levels: ScoreTokens) -> None:
+        """Scores whole rows (each a prompt and its cue), sorted by length and chunked to `max_batch`; writes the
+        results to probs[where[j]], mass[where[j]]."""
+        from flax import nnx
+
+        from icml_jax.models.sampler import bucket
+
+        graphdef, state = nnx.split(self.model)
+        order = sorted(range(len(tokens)), key=lambda j: len(tokens[j]))
+        for lo in range(0, len(order), self._max_batch):
+            chunk = order[lo:lo + self._max_batch]
+            chunk = chunk + [chunk[-1]] * (_pow2(len(chunk)) - len(chunk))  # extra rows are dropped
+            ids, valid = _left_padded([tokens[j] for j in chunk], bucket(max(len(tokens[j]) for j in chunk)),
+                                      self._pad_id())
+            p, m = _score_program()(graphdef, state, ids, valid, levels.ids, levels.mask)
+            rows = [where[j] for j in chunk]
+            probs[rows], mass[rows] = np.asarray(p, np.float64), np.asarray(m, np.float64)
+
+    def _score_shared(self, shared: list[tuple[int, int]], rows: list, first_row: np.ndarray, probs: np.ndarray,
+                      mass: np.ndarray, levels: ScoreTokens) -> None:
+        """Scores requests with several cues: per request the cues' common token prefix (k tokens, left-padded)
+        in one pass, then every cue's remaining tokens (right-padded after it) against its cache. Requests are
+        sorted by prefix length and chunked so that at most `max_batch` cue rows (at least one request) run
+        together."""
+        from flax import nnx
+
+        from icml_jax.models.sampler import bucket
+
+        if not shared:
+            return
+        graphdef, state = nnx.split(self.model)
+        pad = self._pad_id()
+        shared = sorted(shared, key=lambda item: item[1])
+        cues = max(int(first_row[i + 1] - first_row[i]) for i, _ in shared)
+        per_chunk = max(1, self._max_batch // cues)
+        for lo in range(0, len(shared), per_chunk):
+            chunk = shared[lo:lo + per_chunk]
+            chunk = chunk + [chunk[-1]] * (_pow2(len(chunk)) - len(chunk))  # extra requests are dropped
+            prefixes = [rows[first_row[i]][2][:k] for i, k in chunk]
+            suffixes = [[rows[r][2][k:] for r in range(first_row[i], first_row[i + 1])] for i, k in chunk]
+            suffixes = [s + [s[-1]] * (cues - len(s)) for s in suffixes]  # extra cues are dropped
+            prefix, prefix_valid = _left_padded(prefixes, bucket(max(len(p) for p in prefixes)), pad)
+            slots = bucket(max(len(x) for s in suffixes for x in s), minimum=8)
+            suffix = np.full((len(chunk), cues, slots), pad, np.int32)
+            suffix_valid = np.zeros((len(chunk), cues, slots), bool)
+            for b, s in enumerate(suffixes):
+                for c, x in enumerate(s):
+                    suffix[b, c, :len(x)], suffix_valid[b, c, :len(x)] = x, True
+            p, m = _shared_prefix_score_program()(graphdef, state, prefix, prefix_valid, suffix, suffix_valid,
+                                                  levels.ids, levels.mask)
+            p, m = np.asarray(p, np.float64), np.asarray(m, np.float64)
+            for b, (i, _) in enumerate(chunk):
+                n = int(first_row[i + 1] - first_row[i])
+                probs[first_row[i]:first_row[i + 1]], mass[first_row[i]:first_row[i + 1]] = p[b, :n], m[b, :n]
+
+    def _pad_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
     @property
     def usage(self) -> TokenUsage:
@@ -204,7 +259,6 @@ def score_token_ids(tokenizer) -> ScoreTokens:
 def _score_program():
     """The jitted score-token forward (built on first use, so importing this module does not import JAX)."""
     import jax
-    import jax.numpy as jnp
     from flax import nnx
 
     def score_next_token(graphdef, state, tokens, valid, level_ids, level_mask):
@@ -212,12 +266,67 @@ def _score_program():
         ids ([levels, variants], masked) and normalised over the levels; also the mass on the level tokens."""
         model = nnx.merge(graphdef, state)
         hidden = model(tokens, attention_mask=valid, compute_logits=False).hidden[:, -1]
-        logp = jax.nn.log_softmax(model.logits(hidden).astype(jnp.float32), axis=-1)  # [batch, vocab]
-        per_id = jnp.where(level_mask[None], jnp.take(logp, level_ids, axis=1), -jnp.inf)  # [batch, levels, var]
-        per_level = jax.nn.logsumexp(per_id, axis=-1)
-        return jax.nn.softmax(per_level, axis=-1), jnp.exp(jax.nn.logsumexp(per_level, axis=-1))
+        return _level_probs(model, hidden, level_ids, level_mask)
 
     return jax.jit(score_next_token, static_argnames=("graphdef",))
+
+
+@functools.cache
+def _shared_prefix_score_program():
+    """The jitted score-token pass over prompts shared by several cues: prefix [B, L] (left-padded) once into a KV
+    cache, then the cues [B, C, S] (right-padded, contiguous after the prefix) against B x C copies of it."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from icml_jax.models.decoder import init_cache, repeat_cache, unstack_cache
+
+    def score_after_prefix(graphdef, state, prefix, prefix_valid, suffix, suffix_valid, level_ids, level_mask):
+        model = nnx.merge(graphdef, state)
+        b, c, slots = suffix.shape
+        # both passes run the layers unrolled on an unstacked cache, as the sampler's decode does: under the layer
+        # scan XLA:CPU copies the stacked cache at every layer (docs/benchmarks.md)
+        layers = model.unstacked_layers()
+        cache = unstack_cache(init_cache(model.config, b, prefix.shape[1] + slots, model.dtype))
+        cache = model(prefix, attention_mask=prefix_valid, cache=cache, layers=layers, compute_logits=False).cache
+        valid = suffix_valid.reshape(b * c, slots)
+        hidden = model(suffix.reshape(b * c, slots), attention_mask=valid, cache=repeat_cache(cache, c),
+                       layers=layers, compute_logits=False).hidden
+        last = jnp.take_along_axis(hidden, (jnp.sum(valid, axis=-1) - 1)[:, None, None], axis=1)[:, 0]
+        probs, mass = _level_probs(model, last, level_ids, level_mask)
+        return probs.reshape(b, c, -1), mass.reshape(b, c)
+
+    return jax.jit(score_after_prefix, static_argnames=("graphdef",))
+
+
+def _level_probs(model, hidden, level_ids, level_mask):
+    """From last hidden states [rows, embed]: the next token's probabilities summed over each level's token ids
+    ([levels, variants], masked) and normalised over the levels, and the mass on the level tokens."""
+    import jax
+    import jax.numpy as jnp
+
+    logp = jax.nn.log_softmax(model.logits(hidden).astype(jnp.float32), axis=-1)  # [rows, vocab]
+    per_id = jnp.where(level_mask[None], jnp.take(logp, level_ids, axis=1), -jnp.inf)  # [rows, levels, variants]
+    per_level = jax.nn.logsumexp(per_id, axis=-1)
+    return jax.nn.softmax(per_level, axis=-1), jnp.exp(jax.nn.logsumexp(per_level, axis=-1))
+
+
+def _shared_length(rows: list[list[int]]) -> int:
+    """The length of the token prefix common to `rows`, leaving every row at least one token of its own."""
+    k = min(len(r) for r in rows) - 1
+    for j in range(max(k, 0)):
+        if any(r[j] != rows[0][j] for r in rows[1:]):
+            return j
+    return max(k, 0)
+
+
+def _left_padded(rows: list[list[int]], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and validity [len(rows), length] of rows left-padded with `pad`."""
+    tokens = np.full((len(rows), length), pad, np.int32)
+    valid = np.zeros((len(rows), length), bool)
+    for j, ids in enumerate(rows):
+        tokens[j, length - len(ids):], valid[j, length - len(ids):] = ids, True
+    return tokens, valid
 
 
 def _pow2(n: int) -> int:

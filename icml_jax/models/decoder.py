@@ -72,6 +72,16 @@ def init_cache(config: ModelConfig, batch: int, slots: int, dtype=jnp.float32) -
     )
 
 
+def repeat_cache(cache: KVCache, times: int) -> KVCache:
+    """Each row of a cache (stacked or unstacked) `times` times in a row: one prefix's keys and values for `times`
+    continuations."""
+    if isinstance(cache.k, tuple):  # per-layer arrays [batch, ...]
+        rows = lambda arrays: tuple(jnp.repeat(a, times, axis=0) for a in arrays)  # noqa: E731
+        return cache._replace(k=rows(cache.k), v=rows(cache.v), valid=jnp.repeat(cache.valid, times, axis=0))
+    return cache._replace(k=jnp.repeat(cache.k, times, axis=1), v=jnp.repeat(cache.v, times, axis=1),
+                          valid=jnp.repeat(cache.valid, times, axis=0))
+
+
 def unstack_cache(cache: KVCache) -> KVCache:
     """The cache with per-layer tuples of keys and values (for layers run unrolled)."""
     return cache._replace(k=tuple(cache.k), v=tuple(cache.v))

@@ -15,6 +15,7 @@ from flax import nnx
 from icml_jax.llm import LLMRequest, LLMResponse, LocalBackend, OfflineBackend, TokenUsage, make_backend, prompts
 from icml_jax.llm.cache import CachedBackend, ResponseCache
 from icml_jax.llm.judges import ProxyInput, ProxyJudge, QualityInput, QualityJudge
+from icml_jax.llm import local as local_module
 from icml_jax.llm.local import score_token_ids
 from icml_jax.llm.registry import check_backend
 from icml_jax.llm.types import ScoreRequest, ScoreResponse, judge_mode_of
@@ -117,13 +118,38 @@ def test_compilations_bounded_by_buckets(parts):
     long = ScoreRequest(LLMRequest(" ".join(["my dog"] * 20)), ("score:", "value score:"))  # 2 rows, bucket 64
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
-        backend.score([short, long])  # rows by length: [s, s, s, l] (4 x 64), then [l] (1 x 64)
-        first = [n for n in compiled if "score_next_token" in n]
+        backend.score([short, long])
+        programs = ("score_next_token", "score_after_prefix")
+        # several cues each: one request per chunk (4 rows // 3 cues), prefixes in buckets 16 and 64, 3 cue slots
+        first = [n for n in compiled if any(p in n for p in programs)]
         backend.score([long, short])  # the same shapes: nothing new
-        second = [n for n in compiled if "score_next_token" in n]
+        second = [n for n in compiled if any(p in n for p in programs)]
     finally:
         jax._src.monitoring.unregister_event_duration_listener(listener)
     assert len(first) <= 2 and len(second) == len(first)
+
+
+def test_cues_on_a_shared_prompt_score_as_each_cue_alone(parts, monkeypatch):
+    """The shared-prefix pass (a request's prompt once, each cue against its cache) gives what scoring every
+    (prompt, cue) row on its own gives, for mixed requests in one call and chunks of several requests."""
+    items = [*QUALITY_ITEMS, QualityInput(HISTORY * 5, "and my brother", "he lives in rome", None)]
+    requests = [prompts.quality_score_request(x.history, x.utterance, x.reply, x.memory) for x in items]
+    requests.insert(1, prompts.proxy_score_request(PROXY_ITEMS[0].turn_text, PROXY_ITEMS[0].history))
+    singles = [ScoreRequest(r.request, (cue,)) for r in requests for cue in r.cues]
+    program, runs = local_module._shared_prefix_score_program(), []  # suffix shapes of the shared passes
+    monkeypatch.setattr(local_module, "_shared_prefix_score_program",
+                        lambda: lambda *args: runs.append(args[4].shape) or program(*args))
+    for max_batch, chunks in ((8, [1] * 4), (32, [4])):  # one quality request per chunk; all four in one chunk
+        backend = local(parts, max_batch=max_batch)
+        runs.clear()
+        together = backend.score(requests)
+        assert [shape[:2] for shape in runs] == [(n, 5) for n in chunks]
+        alone = backend.score(singles)
+        assert len(runs) == len(chunks)  # one cue per request: every row on its own
+        np.testing.assert_allclose([p for x in together for p in x.probs], [p for x in alone for p in x.probs],
+                                   atol=1e-5)
+        np.testing.assert_allclose([m for x in together for m in x.mass], [m for x in alone for m in x.mass],
+                                   rtol=1e-4)
 
 
 class Recorder:
