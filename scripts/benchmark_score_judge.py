@@ -7,7 +7,9 @@ previous turns as history, the turn as the utterance and the next turn as the re
 by `LocalBackend.score` twice: split into single-cue requests (each (prompt, cue) row a full forward pass, the
 path every request took before) and whole (the prompt once into a KV cache, each cue against it). Prints both wall
 times (the first call of each path compiles and is not counted), their ratio and the largest difference of the
-expected scores.
+expected scores. With `--turn N` it also times what one lockstep turn of N users asks of the local back end on the
+same turns (a reply and a memory note of at most `--max-tokens` tokens each, a quality verdict, a proxy verdict),
+request kind by request kind, the first batch of each kind not counted.
 
     python scripts/benchmark_score_judge.py --model ~/.cache/icml_jax/models/smollm2-135m-instruct \
         --gapchat ../shared/data/gapchat/test/5_session.json --requests 32
@@ -43,6 +45,34 @@ def quality_requests(path: Path, n: int) -> list[ScoreRequest]:
     return out
 
 
+def turn_requests(path: Path, users: int, max_tokens: int) -> dict[str, list]:
+    """One lockstep turn of `users` users on GapChat turns: the four kinds of request it sends the local back end."""
+    requests = quality_requests(path, users)
+    out: dict[str, list] = {"reply": [], "note": [], "quality verdict": requests, "proxy verdict": []}
+    for episode in parse_gapchat(path):
+        turns = [(t.speaker, t.text) for t in episode.sessions[0].turns]
+        out["reply"].append(prompts.reply_request(tuple(turns[:-1]), turns[-1][1], None, max_output_tokens=max_tokens))
+        out["note"].append(prompts.condense_request(turns[-1][1], tuple(turns[:-1]), max_output_tokens=max_tokens))
+        out["proxy verdict"].append(prompts.proxy_score_request(turns[-1][1], tuple(turns[:-1])))
+        if len(out["reply"]) == users:
+            break
+    return out
+
+
+def time_turn(backend: LocalBackend, path: Path, users: int, max_tokens: int) -> None:
+    """Prints the seconds of each request kind of one lockstep turn of `users` users (after a compiling batch)."""
+    total = 0.0
+    for kind, batch in turn_requests(path, users, max_tokens).items():
+        call = backend.generate if kind in ("reply", "note") else backend.score
+        call(batch)
+        start = time.perf_counter()
+        call(batch)
+        spent = time.perf_counter() - start
+        total += spent
+        print(f"turn of {users} users, {kind:15s} {spent:7.2f} s")
+    print(f"turn of {users} users, back-end total  {total:7.2f} s")
+
+
 def timed(backend: LocalBackend, requests: list[ScoreRequest], repeats: int) -> tuple[float, np.ndarray]:
     """Seconds per call of backend.score(requests) (after one compiling call) and the expected scores."""
     result = backend.score(requests)
@@ -59,6 +89,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max-batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--turn", type=int, default=0, help="also time one lockstep turn of this many users")
+    parser.add_argument("--max-tokens", type=int, default=32, help="the turn's reply and note budget")
     args = parser.parse_args()
     backend = LocalBackend(from_pretrained(args.model), load_tokenizer(args.model), max_batch=args.max_batch,
                            judge_mode="scores")
@@ -73,6 +105,8 @@ def main() -> None:
     print(f"shared prefix: {shared_s:7.2f} s per call")
     print(f"speed-up {rows_s / shared_s:.2f}x; largest |expected score difference| "
           f"{np.abs(rows_e - shared_e).max():.2e}")
+    if args.turn:
+        time_turn(backend, args.gapchat, args.turn, args.max_tokens)
 
 
 if __name__ == "__main__":
