@@ -113,6 +113,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.online.init_from = placeholder(str)
     config.eval = ml_collections.ConfigDict(dict(  # python -m icml_jax.evaluate (real datasets' protocol)
         episodes=50,  # the protocol's episode count
+        tfds_name=placeholder(str),  # the built TFDS builder/config whose test splits the protocol reads; None: the
+        # dataset's own (gapchat_episodes/protocol, ...); e.g. gapchat_episodes/sample for shared/data's 60 episodes
         selection="auto",  # auto (theanine for MSC / CC when its ids file is there) | seeded | theanine
         seed=0,  # the seeded draw
         judge=True,  # rate every reply on the five dimensions with config.llm.judge

@@ -58,6 +58,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.learner.users_in_flight = 2
     config.checkpoint.every_episodes = 2
     config.eval.episodes = EVAL_EPISODES
+    config.eval.tfds_name = config.data.tfds_name  # the protocol's draw from the same 60 episodes
     config.eval.bertscore_model, config.eval.bertscore_layer = minilm, 6  # not the paper's roberta-large
     config.eval.mauve_model = smollm2  # not the paper's GPT-2 large: magnitudes are comparable between our rows only
     config.baselines.encoder_model = minilm

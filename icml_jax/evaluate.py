@@ -53,7 +53,7 @@ def eval_episodes(config: ml_collections.ConfigDict) -> list:
     if not config.data.get("data_dir"):
         raise ValueError(f"evaluation on {config.data.name}: config.data.data_dir (the built TFDS data) is not set")
     return load_eval_episodes(config.data.name, data_dir=config.data.data_dir, selection=eval_selection(config),
-                              seed=int(ev.get("seed", 0)), n=int(ev.get("episodes", 50)))
+                              seed=int(ev.get("seed", 0)), n=int(ev.get("episodes", 50)), builder=ev.get("tfds_name"))
 
 
 def _versions() -> dict[str, str]:

@@ -405,6 +405,12 @@ def test_gapchat_real_model_config_runs_local_models_only(tmp_path):
         tb.build(config.data.tfds_name, manual_dir=SHARED_DATA / "gapchat", data_dir=tmp_path / "tfds")
         config.data.data_dir = str(tmp_path / "tfds")
         assert job.validate(config, tmp_path / "work") == ("synthesize", "warmup", "online")
+        # the evaluation draws from the same built sample (not gapchat_episodes/protocol, which needs the release)
+        from icml_jax.evaluate import eval_episodes
+
+        assert config.eval.tfds_name == "gapchat_episodes/sample"
+        chosen = eval_episodes(config)
+        assert len(chosen) == config.eval.episodes and all(e.episode_id.startswith("gapchat-test-") for e in chosen)
 
 
 def test_pretrained_checkpoint_passes_checks_and_builds(tmp_path):
