@@ -15,7 +15,8 @@ final-session turn a target; shared/docs/datasets.md): `EVAL_EPISODES` evaluated
 played online (each without its final session: the evaluation's targets never train the policy), replies and
 notes capped at a few dozen tokens, every LLM request (the baselines' memory writing too) at
 `MAX_OUTPUT_TOKENS`. The warm-up's expert storylines are the offline persona-world ones (SmolLM2 cannot write
-the synthesis JSON). The sizes are a first cut, not yet timed end to end on 2 cores (issue 29 item 5).
+the synthesis JSON). The sizes are a first cut: the online stage of 2 episodes took 28 minutes on 2 cores
+(docs/benchmarks.md), the evaluation is not timed yet (issue 29 item 5).
 """
 
 from __future__ import annotations
