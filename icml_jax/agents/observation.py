@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from icml_jax.agents.prefilter import PREFILTERS, Prefilter, prefilter_for
-from icml_jax.models.sampler import bucket
+from icml_jax.models.sampler import bucket, pad_left
 
 Dialogue = Sequence[tuple[str, str]]  # (speaker, text), oldest first
 
@@ -87,17 +87,6 @@ def _encode(tokenizer, texts: Sequence[str], max_length: int) -> list[list[int]]
             ids = ids[:1] + ids[len(ids) - max_length + 1:]
         out.append(ids)
     return out
-
-
-def pad_left(rows: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Left-pads token rows to `length`: tokens [N, length] int32 and mask [N, length] bool."""
-    tokens = np.full((len(rows), length), pad_id, np.int32)
-    mask = np.zeros((len(rows), length), bool)
-    for i, row in enumerate(rows):
-        if row:
-            tokens[i, length - len(row):] = row
-            mask[i, length - len(row):] = True
-    return tokens, mask
 
 
 def length_bucket(rows: Sequence[Sequence[int]], config: ObservationConfig) -> int:

@@ -165,14 +165,14 @@ class LocalBackend:
         results to probs[where[j]], mass[where[j]]."""
         from flax import nnx
 
-        from icml_jax.models.sampler import bucket
+        from icml_jax.models.sampler import bucket, pad_left
 
         graphdef, state = nnx.split(self.model)
         order = sorted(range(len(tokens)), key=lambda j: len(tokens[j]))
         for lo in range(0, len(order), self._max_batch):
             chunk = order[lo:lo + self._max_batch]
             chunk = chunk + [chunk[-1]] * (_pow2(len(chunk)) - len(chunk))  # extra rows are dropped
-            ids, valid = _left_padded([tokens[j] for j in chunk], bucket(max(len(tokens[j]) for j in chunk)),
+            ids, valid = pad_left([tokens[j] for j in chunk], bucket(max(len(tokens[j]) for j in chunk)),
                                       self._pad_id())
             p, m = _score_program()(graphdef, state, ids, valid, levels.ids, levels.mask)
             rows = [where[j] for j in chunk]
@@ -186,7 +186,7 @@ class LocalBackend:
         together."""
         from flax import nnx
 
-        from icml_jax.models.sampler import bucket
+        from icml_jax.models.sampler import bucket, pad_left
 
         if not shared:
             return
@@ -201,7 +201,7 @@ class LocalBackend:
             prefixes = [rows[first_row[i]][2][:k] for i, k in chunk]
             suffixes = [[rows[r][2][k:] for r in range(first_row[i], first_row[i + 1])] for i, k in chunk]
             suffixes = [s + [s[-1]] * (cues - len(s)) for s in suffixes]  # extra cues are dropped
-            prefix, prefix_valid = _left_padded(prefixes, bucket(max(len(p) for p in prefixes)), pad)
+            prefix, prefix_valid = pad_left(prefixes, bucket(max(len(p) for p in prefixes)), pad)
             slots = bucket(max(len(x) for s in suffixes for x in s), minimum=8)
             suffix = np.full((len(chunk), cues, slots), pad, np.int32)
             suffix_valid = np.zeros((len(chunk), cues, slots), bool)
@@ -318,15 +318,6 @@ def _shared_length(rows: list[list[int]]) -> int:
         if any(r[j] != rows[0][j] for r in rows[1:]):
             return j
     return max(k, 0)
-
-
-def _left_padded(rows: list[list[int]], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and validity [len(rows), length] of rows left-padded with `pad`."""
-    tokens = np.full((len(rows), length), pad, np.int32)
-    valid = np.zeros((len(rows), length), bool)
-    for j, ids in enumerate(rows):
-        tokens[j, length - len(ids):], valid[j, length - len(ids):] = ids, True
-    return tokens, valid
 
 
 def _pow2(n: int) -> int:

@@ -104,6 +104,17 @@ def _decode(graphdef, state, cache: KVCache, first: Array, rng: Array, eos_ids: 
     return out, lengths, cache  # returning the cache lets XLA update the donated buffers in place
 
 
+def pad_left(rows: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pads token rows to `length`: tokens [N, length] int32 and mask [N, length] bool."""
+    tokens = np.full((len(rows), length), pad_id, np.int32)
+    mask = np.zeros((len(rows), length), bool)
+    for i, row in enumerate(rows):
+        if row:
+            tokens[i, length - len(row):] = row
+            mask[i, length - len(row):] = True
+    return tokens, mask
+
+
 def bucket(n: int, minimum: int = 16) -> int:
     """The smallest power of two >= max(n, minimum): the shape buckets of prompts and caches."""
     size = minimum
@@ -141,11 +152,7 @@ def generate_tokens(
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     length = bucket(max(len(p) for p in prompts), min_prompt_bucket)
-    tokens = np.full((len(prompts), length), pad_id, np.int32)
-    mask = np.zeros((len(prompts), length), bool)
-    for i, p in enumerate(prompts):
-        tokens[i, length - len(p):] = p
-        mask[i, length - len(p):] = True
+    tokens, mask = pad_left(prompts, length, pad_id)
     new_bucket = bucket(max_new_tokens, 16)
     graphdef, state = nnx.split(model)
     rng_prefill, rng_decode = jax.random.split(jax.random.key(seed))
