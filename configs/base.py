@@ -64,6 +64,8 @@ def get_config() -> ml_collections.ConfigDict:
         # the evaluation scores ever trains the policy); True plays it too (the evaluation then refuses a policy
         # that trained on an evaluated episode's final session)
         train_final_sessions=False,
+        # real data: every session (online and in the evaluation) cut to its first N turns; None: whole sessions
+        max_session_turns=placeholder(int),
     ))
     config.model = ml_collections.ConfigDict(dict(
         kind="pretrained",  # pretrained: a local HF directory at `path`; tiny: a random decoder (demo, tests)

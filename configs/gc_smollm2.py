@@ -29,8 +29,10 @@ import ml_collections
 
 from icml_jax.models.fetch import model_dir
 
-TRAIN_EPISODES = 4  # GapChat episodes played online (about 80 acted turns each: both speakers, history sessions)
-EVAL_EPISODES = 6  # evaluated episodes (the paper: 50); their final sessions hold about 17 targets each
+TRAIN_EPISODES = 4  # GapChat episodes played online, in lockstep, one PPO update
+EVAL_EPISODES = 4  # evaluated episodes (the paper: 50)
+MAX_SESSION_TURNS = 8  # every session cut to its first 8 turns (GapChat's average 21.6): 7 targets per final
+# session, about 28 acted history turns per episode (both speakers)
 MAX_OUTPUT_TOKENS = 64  # cap on every generation request (replies, notes, the baselines' memory writing)
 
 
@@ -49,15 +51,16 @@ def get_config() -> ml_collections.ConfigDict:
     config.data = gapchat.data
     config.data.tfds_name = "gapchat_episodes/sample"  # the 60 test episodes in shared/data/gapchat
     config.data.train_episodes = TRAIN_EPISODES
+    config.data.max_session_turns = MAX_SESSION_TURNS
     smollm2, minilm = str(model_dir("smollm2-135m-instruct")), str(model_dir("all-minilm-l6-v2"))
     local = dict(kind="local", model_dir=smollm2, dtype="float32", max_output_tokens=MAX_OUTPUT_TOKENS)
     config.llm.generator = ml_collections.ConfigDict(local)
     config.llm.judge = ml_collections.ConfigDict(dict(local, judge_mode="scores"))
     config.learner.reply_max_tokens = 32
     config.learner.note_max_tokens = 32
-    config.learner.update_every = 2
-    config.learner.users_in_flight = 2
-    config.checkpoint.every_episodes = 2
+    config.learner.update_every = TRAIN_EPISODES  # the 4 episodes in lockstep: one decode step serves 4 users at
+    config.learner.users_in_flight = TRAIN_EPISODES  # about the cost of 2 (decoding is bandwidth-bound on the CPU)
+    config.checkpoint.every_episodes = TRAIN_EPISODES
     config.eval.episodes = EVAL_EPISODES
     config.eval.tfds_name = config.data.tfds_name  # the protocol's draw from the same 60 episodes
     config.eval.bertscore_model, config.eval.bertscore_layer = minilm, 6  # not the paper's roberta-large

@@ -45,15 +45,18 @@ def eval_selection(config: ml_collections.ConfigDict) -> str:
 def eval_episodes(config: ml_collections.ConfigDict) -> list:
     """The protocol's episodes for `config.data`: persona world held-out episodes, or a real dataset's 50."""
     from icml_jax.data.protocol import load_eval_episodes
-    from icml_jax.data.stream import PERSONA_WORLD, held_out_episodes
+    from icml_jax.data.stream import PERSONA_WORLD, clip_sessions, held_out_episodes, max_session_turns
 
     if config.data.name == PERSONA_WORLD:
         return held_out_episodes(config)
     ev = config.get("eval") or ml_collections.ConfigDict()
     if not config.data.get("data_dir"):
         raise ValueError(f"evaluation on {config.data.name}: config.data.data_dir (the built TFDS data) is not set")
-    return load_eval_episodes(config.data.name, data_dir=config.data.data_dir, selection=eval_selection(config),
-                              seed=int(ev.get("seed", 0)), n=int(ev.get("episodes", 50)), builder=ev.get("tfds_name"))
+    episodes = load_eval_episodes(config.data.name, data_dir=config.data.data_dir, selection=eval_selection(config),
+                                  seed=int(ev.get("seed", 0)), n=int(ev.get("episodes", 50)),
+                                  builder=ev.get("tfds_name"))
+    cut = max_session_turns(config)  # the online stream's cut, so both play the same turns
+    return [clip_sessions(e, cut) for e in episodes]
 
 
 def _versions() -> dict[str, str]:

@@ -411,6 +411,9 @@ def test_gapchat_real_model_config_runs_local_models_only(tmp_path):
         assert config.eval.tfds_name == "gapchat_episodes/sample"
         chosen = eval_episodes(config)
         assert len(chosen) == config.eval.episodes and all(e.episode_id.startswith("gapchat-test-") for e in chosen)
+        # the online stream's cut applies to the evaluated episodes too: every session at most 8 turns
+        assert config.data.max_session_turns == 8
+        assert max(len(s.turns) for e in chosen for s in e.sessions) == 8
 
 
 def test_pretrained_checkpoint_passes_checks_and_builds(tmp_path):

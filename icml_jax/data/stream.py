@@ -13,7 +13,9 @@
   (shared/docs/datasets.md). Each episode is played without its final session (``history_sessions``): the final
   session is the evaluation's target, so no policy ever learns from a reply the evaluation scores (test-time
   adaptation; ``config.data.train_final_sessions`` True plays it too, and the evaluation then refuses a policy
-  that trained on an evaluated episode's final session). Held-out: none, see ``held_out_episodes``.
+  that trained on an evaluated episode's final session). ``config.data.max_session_turns`` cuts every session to
+  its first N turns, here and in the evaluation alike (``clip_sessions``). Held-out: none, see
+  ``held_out_episodes``.
 
 ``get_state()`` is a small JSON-safe dict taken between episodes; ``set_state`` on a fresh stream built from
 the same config continues at the same episode. It checks the state belongs to this stream (kind, world,
@@ -169,7 +171,7 @@ class TfdsEpisodeStream(EpisodeStream):
 
     def __init__(self, kind: str, tfds_name: str, split: str, *, data_dir: str | os.PathLike[str], seed: int,
                  total: int, shard_index: int | None = None, shard_count: int | None = None,
-                 final_sessions: bool = False) -> None:
+                 final_sessions: bool = False, max_session_turns: int | None = None) -> None:
         from icml_jax.data.pipeline import ShardSpec, tfds_source, train_pipeline
 
         source = tfds_source(tfds_name, split, data_dir=data_dir)
@@ -181,8 +183,9 @@ class TfdsEpisodeStream(EpisodeStream):
         self.total, self.yielded = int(total), 0
         self._identity = {"kind": kind, "tfds_name": tfds_name, "split": split, "seed": int(seed),
                           "shard": [spec.index, spec.count], "split_size": size,
-                          "final_sessions": bool(final_sessions)}  # a run cannot switch protocols mid-way
-        self.final_sessions = bool(final_sessions)
+                          "final_sessions": bool(final_sessions),  # a run cannot switch protocols mid-way
+                          "max_session_turns": max_session_turns}
+        self.final_sessions, self.max_session_turns = bool(final_sessions), max_session_turns
         self._dataset = train_pipeline(source, seed=int(seed), num_epochs=None, shard_index=spec.index,
                                        shard_count=spec.count)
         self._it = iter(self._dataset)
@@ -198,6 +201,7 @@ class TfdsEpisodeStream(EpisodeStream):
             raise StopIteration
         episode = next(self._it)
         self.yielded += 1
+        episode = clip_sessions(episode, self.max_session_turns)
         return episode if self.final_sessions else history_sessions(episode)
 
     def get_state(self) -> dict[str, Any]:
@@ -224,6 +228,31 @@ def history_sessions(episode: Episode) -> Episode:
     return dataclasses.replace(episode, sessions=tuple(episode.sessions[:-1]))
 
 
+def clip_sessions(episode: Episode, max_turns: int | None) -> Episode:
+    """The episode with every session cut to its first ``max_turns`` turns (None: unchanged): a smaller run on
+    real data that keeps every session, so memory still has to bridge each gap. The same cut applies to the
+    online stream and to the evaluation protocol (``config.data.max_session_turns``)."""
+    if max_turns is None:
+        return episode
+    sessions = tuple(dataclasses.replace(s, turns=s.turns[:max_turns]) for s in episode.sessions)
+    return dataclasses.replace(episode, sessions=sessions)
+
+
+def max_session_turns(config: ml_collections.ConfigDict) -> int | None:
+    """``config.data.max_session_turns``, checked: None, or an int >= 2 (a final session keeps a target) for a
+    real dataset (the persona world's labels address turns a cut would remove)."""
+    n = config.data.get("max_session_turns")
+    if n is None:
+        return None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+        raise ValueError(f"config.data.max_session_turns must be None or an int >= 2 (the final session keeps "
+                         f"at least one target), got {n!r}")
+    if config.data.name not in REAL_DATASETS:
+        raise ValueError(f"config.data.max_session_turns={n} cuts real datasets' sessions ({REAL_DATASETS}); "
+                         f"config.data.name={config.data.name!r} sizes its sessions in config.data.world")
+    return n
+
+
 def _train_episodes(config: ml_collections.ConfigDict) -> int:
     n = config.data.train_episodes
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -240,7 +269,8 @@ def online_stream(config: ml_collections.ConfigDict) -> EpisodeStream:
     if name in REAL_DATASETS:
         return TfdsEpisodeStream(name, config.data.tfds_name, config.data.split, data_dir=config.data.data_dir,
                                  seed=int(config.seed), total=total,
-                                 final_sessions=bool(config.data.get("train_final_sessions", False)))
+                                 final_sessions=bool(config.data.get("train_final_sessions", False)),
+                                 max_session_turns=max_session_turns(config))
     raise ValueError(f"config.data.name={name!r} is not one of {DATASETS}")
 
 
@@ -291,6 +321,7 @@ def check_data_config(config: ml_collections.ConfigDict, stages: Sequence[str]) 
     name = config.data.name
     if name not in DATASETS:
         raise ValueError(f"config.data.name={name!r} is not one of {DATASETS}")
+    max_session_turns(config)
     if "online" not in stages:
         return
     _train_episodes(config)

@@ -15,6 +15,7 @@ from icml_jax.data.stream import (
     EVAL_OFFSET,
     TfdsEpisodeStream,
     check_data_config,
+    clip_sessions,
     held_out_episodes,
     online_stream,
     user_speaker,
@@ -203,6 +204,8 @@ def test_dataset_config_defaults_stream_the_protocol_pool(tmp_path: Path, fixtur
     (dict(split=None), "config.data.split is not set"),
     (dict(train_episodes=0), "config.data.train_episodes must be an int >= 1"),
     (dict(name="imdb"), "config.data.name='imdb' is not one of"),
+    (dict(max_session_turns=1), "config.data.max_session_turns must be None or an int >= 2"),
+    (dict(max_session_turns=True), "config.data.max_session_turns must be None or an int >= 2"),
 ])
 def test_check_data_config_names_the_field(built: Path, change, message) -> None:
     config = real_config(built)
@@ -241,6 +244,31 @@ def test_real_stream_plays_each_episode_without_its_final_session_unless_told(bu
     # a position saved by one protocol does not continue the other
     with pytest.raises(ValueError, match="final_sessions"):
         online_stream(real_config(built, train=5)).set_state(online_stream(config).get_state())
+
+
+def test_max_session_turns_cuts_every_session_of_the_stream_and_is_part_of_its_state(built: Path) -> None:
+    """A smaller real-data run: every session keeps its first N turns (and its gap and meta), the final session is
+    still left out, and a position saved under one cut does not continue another."""
+    from icml_jax.data.tfds_builders import read_episodes
+
+    full = {e.episode_id: e for e in read_episodes(SAMPLE, "test_4", data_dir=built)}
+    config = real_config(built, train=5)
+    config.data.max_session_turns = 3
+    cut = list(online_stream(config))
+    assert _ids(cut) == _ids(online_stream(real_config(built, train=5)))
+    for episode in cut:
+        source = full[episode.episode_id].sessions[:-1]
+        assert len(episode.sessions) == len(source)
+        for mine, theirs in zip(episode.sessions, source, strict=True):
+            assert mine.turns == theirs.turns[:3] and len(theirs.turns) > 3
+            assert (mine.gap_seconds, mine.gap_text, mine.meta) == (theirs.gap_seconds, theirs.gap_text, theirs.meta)
+    with pytest.raises(ValueError, match="max_session_turns"):
+        online_stream(real_config(built, train=5)).set_state(online_stream(config).get_state())
+    assert clip_sessions(cut[0], None) is cut[0]
+    persona = persona_config()
+    persona.data.max_session_turns = 4  # the persona world's labels address turns a cut would remove
+    with pytest.raises(ValueError, match="config.data.name='persona_world' sizes its sessions"):
+        check_data_config(persona, ("online",))
 
 
 def test_an_episode_of_one_session_has_no_history_to_learn_from() -> None:
