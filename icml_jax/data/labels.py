@@ -66,6 +66,8 @@ class SessionCounts:
     turns: int = 0  # decisions (turns the agent acted on)
     saves: int = 0
     correct_saves: int = 0  # saved turns with y_p True
+    unlabelled: int = 0  # decisions on turns without a y_p label (real data): outside precision and the FP rate
+    unlabelled_saves: int = 0  # ... of them saved
     gold_saves: int = 0  # turns with y_p True
     needed: int = 0  # (turn, needed earlier turn) pairs of y_t
     recalled: int = 0  # pairs whose needed turn was the memory the Trigger used
@@ -104,13 +106,13 @@ def pooled_metrics(counts: Iterable[SessionCounts], prefix: str = "labels") -> d
         total.add(c)
     ratio = lambda a, b: a / b if b else float("nan")  # noqa: E731
     return {
-        f"{prefix}/planner_precision": ratio(total.correct_saves, total.saves),
+        f"{prefix}/planner_precision": ratio(total.correct_saves, total.saves - total.unlabelled_saves),
         f"{prefix}/planner_recall": ratio(total.correct_saves, total.gold_saves),
         f"{prefix}/trigger_recall": ratio(total.recalled, total.needed),
         # Table 8: high-value turns (y_p) not saved, and other turns saved
         f"{prefix}/planner_miss_rate": ratio(total.gold_saves - total.correct_saves, total.gold_saves),
-        f"{prefix}/planner_false_positive_rate": ratio(total.saves - total.correct_saves,
-                                                        total.turns - total.gold_saves),
+        f"{prefix}/planner_false_positive_rate": ratio(total.saves - total.unlabelled_saves - total.correct_saves,
+                                                        total.turns - total.unlabelled - total.gold_saves),
         f"{prefix}/save_rate": ratio(total.saves, total.turns),
         f"{prefix}/needed_pairs": float(total.needed),
         f"{prefix}/reward_quality": ratio(total.quality_sum, total.quality_n),
@@ -155,8 +157,10 @@ def session_counts(episode: Episode, receipts: Sequence[Any]) -> list[SessionCou
                 c.gold_saves += 1
             if receipt is not None and receipt.planner is not None:  # None: a Trigger decision only (evaluation)
                 c.turns += 1
+                c.unlabelled += turn.y_p is None
                 if receipt.planner.save:
                     c.saves += 1
+                    c.unlabelled_saves += turn.y_p is None
                     c.correct_saves += bool(turn.y_p)
                     fact = turn.meta.get("fact")
                     old = turn.meta.get("supersedes")
