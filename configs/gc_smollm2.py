@@ -15,8 +15,10 @@ final-session turn a target; shared/docs/datasets.md): `EVAL_EPISODES` evaluated
 played online (each without its final session: the evaluation's targets never train the policy), replies and
 notes capped at a few dozen tokens, every LLM request (the baselines' memory writing too) at
 `MAX_OUTPUT_TOKENS`. The warm-up's expert storylines are the offline persona-world ones (SmolLM2 cannot write
-the synthesis JSON). The sizes are a first cut: the online stage of 2 episodes took 28 minutes on 2 cores
-(docs/benchmarks.md), the evaluation is not timed yet (issue 29 item 5).
+the synthesis JSON). Timed on 2 cores (docs/benchmarks.md): synthesis and warm-up 2 min, the online stage 16 min,
+the evaluation 2.5 (no memory) to 29 (long context) minutes per system; ours and ten baselines do not fit the
+45 minutes a run may take (issue 29 item 5). `JAX_COMPILATION_CACHE_DIR=<dir>` keeps the programs that took over
+a second to compile for the next seed or system (JAX's persistent cache; it works on CPU).
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.llm.judge = ml_collections.ConfigDict(dict(local, judge_mode="scores"))
     config.learner.reply_max_tokens = 32
     config.learner.note_max_tokens = 32
-    config.learner.update_every = TRAIN_EPISODES  # the 4 episodes in lockstep: one decode step serves 4 users at
-    config.learner.users_in_flight = TRAIN_EPISODES  # about the cost of 2 (decoding is bandwidth-bound on the CPU)
+    config.learner.update_every = TRAIN_EPISODES  # the 4 episodes in lockstep, one PPO update: fewer compiled
+    config.learner.users_in_flight = TRAIN_EPISODES  # shapes; per acted turn it costs what 2 in lockstep did
     config.checkpoint.every_episodes = TRAIN_EPISODES
     config.eval.episodes = EVAL_EPISODES
     config.eval.tfds_name = config.data.tfds_name  # the protocol's draw from the same 60 episodes
