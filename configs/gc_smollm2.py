@@ -15,10 +15,11 @@ final-session turn a target; shared/docs/datasets.md): every session cut to its 
 (online and in the evaluation alike), `EVAL_EPISODES` evaluated episodes, `TRAIN_EPISODES` played online (each
 without its final session: the evaluation's targets never train the policy), replies and notes capped at a few
 dozen tokens, every LLM request (the baselines' memory writing too) at `MAX_OUTPUT_TOKENS`. The warm-up's expert
-storylines are the offline persona-world ones (SmolLM2 cannot write the synthesis JSON). Timed on 2 cores (docs/benchmarks.md): synthesis and warm-up 2 min, the online stage 16 min,
-the evaluation 2.5 (no memory) to 29 (long context) minutes per system; ours and ten baselines do not fit the
-45 minutes a run may take (issue 29 item 5). `JAX_COMPILATION_CACHE_DIR=<dir>` keeps the programs that took over
-a second to compile for the next seed or system (JAX's persistent cache; it works on CPU).
+storylines are the offline persona-world ones (SmolLM2 cannot write the synthesis JSON). Timed on 2 cores
+(docs/benchmarks.md): synthesis and warm-up 2 min, the online stage 16 min, the evaluation 2.5 (no memory) to 29
+(long context) minutes per system; ours and ten baselines do not fit the 45 minutes a run may take (issue 29 item
+5). `JAX_COMPILATION_CACHE_DIR=<dir>` keeps the programs that took over a second to compile for the next seed or
+system (JAX's persistent cache; it works on CPU).
 """
 
 from __future__ import annotations
