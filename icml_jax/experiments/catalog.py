@@ -98,9 +98,21 @@ def scored(ctx: Context, seed: int, workdir: Path, system: str, *, overrides: di
     return runs.evaluate(cfg, workdir, ctx.root, system=system, checkpoint=checkpoint, factory=factory)
 
 
+def learned(ctx: Context, seed: int, name: str, overrides: dict[str, Any] | None = None, *,
+            from_warmup: bool = True, eval_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The evaluation of the online run `name`, read back without touching its run (or the warm-up) when it was
+    already scored under the same config: a workdir that kept only its results files still rebuilds the tables."""
+    done = runs.read_back(runs.derive(ctx.cfg(seed), eval_overrides or {}), ctx.seed_dir(seed) / name, name)
+    if done is not None:
+        ctx.log(f"seed {seed}: {name} read back from its results.json")
+        return done
+    workdir = trained(ctx, seed, name, overrides, from_warmup=from_warmup)
+    return scored(ctx, seed, workdir, name, overrides=eval_overrides)
+
+
 def ours(ctx: Context, seed: int) -> dict[str, Any]:
     """The full method: warm-up, then online learning; evaluated."""
-    return scored(ctx, seed, trained(ctx, seed, "ours"), "ours")
+    return learned(ctx, seed, "ours")
 
 
 def baseline(ctx: Context, seed: int, name: str) -> dict[str, Any]:
@@ -219,9 +231,10 @@ def ablation(ctx: Context) -> Report:
 
         def run(seed: int) -> dict[str, Any]:
             if name == "w/o evolution":
-                return scored(ctx, seed, ctx.seed_dir(seed) / dirname, dirname, checkpoint=warm(ctx, seed))
-            workdir = trained(ctx, seed, dirname, overrides, from_warmup=name != "w/o synthetic data")
-            return scored(ctx, seed, workdir, dirname, overrides=overrides)
+                done = runs.read_back(ctx.cfg(seed), ctx.seed_dir(seed) / dirname, dirname)
+                return done or scored(ctx, seed, ctx.seed_dir(seed) / dirname, dirname, checkpoint=warm(ctx, seed))
+            return learned(ctx, seed, dirname, overrides, from_warmup=name != "w/o synthetic data",
+                           eval_overrides=overrides)
 
         return run
 
@@ -247,7 +260,7 @@ def synthetic_scale(ctx: Context) -> Report:
     for n in ctx.exp("synthetic_scale", ()):
         def run(seed: int, n: int = n) -> dict[str, Any]:
             if n == 0:
-                content = scored(ctx, seed, trained(ctx, seed, "no_synthetic", from_warmup=False), "no_synthetic")
+                content = learned(ctx, seed, "no_synthetic", from_warmup=False)
                 return {**content, "synthesized": 0}
             overrides = {"synthesis.num_seeds": _scale_seeds(ctx.config, n)}
             ctx.log(f"seed {seed}: synthesis and warm-up on ~{n} episodes")
@@ -298,7 +311,7 @@ def judges(ctx: Context) -> Report:
             variants[label] = lambda s: ours(ctx, s)
             continue
         name, over = f"judge_{label}", {"llm.judge": ml_collections.ConfigDict(block)}
-        variants[label] = lambda s, name=name, over=over: scored(ctx, s, trained(ctx, s, name, over), name)
+        variants[label] = lambda s, name=name, over=over: learned(ctx, s, name, over)
     report = Report("judges", "Reward model (judge back end)", "Tables 7 and 11",
                     {**REPLY_COLUMNS, **MEMORY_COLUMNS}, {}, row_header="reward model")
     _rows(ctx, variants, report)
@@ -441,8 +454,8 @@ def lambda_(ctx: Context) -> Report:
             variants[f"{lam:g}"] = lambda s: ours(ctx, s)
         else:
             over = {"rl.reward.truth_lambda": lam}
-            variants[f"{lam:g}"] = (lambda s, lam=lam, over=over: scored(
-                ctx, s, trained(ctx, s, f"lambda_{lam:g}", over), f"lambda_{lam:g}", overrides=over))
+            variants[f"{lam:g}"] = (lambda s, lam=lam, over=over: learned(ctx, s, f"lambda_{lam:g}", over,
+                                                                          eval_overrides=over))
     _rows(ctx, variants, report)
     report.notes += [f"lambda {default:g} is the config's own run (`ours`).", *judge_notes(ctx.config)]
     return report

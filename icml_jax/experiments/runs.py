@@ -108,22 +108,32 @@ def _same(a: Any, b: Any) -> bool:
     return json.loads(json.dumps(a, default=str)) == json.loads(json.dumps(b, default=str))
 
 
+def read_back(config: ml_collections.ConfigDict, workdir: Path, system: str) -> dict[str, Any] | None:
+    """The `<workdir>/eval/results.json` content when it was written for `system` under `config` (the experiments
+    block aside), else None."""
+    from icml_jax.evaluate import EVAL_DIR
+    from icml_jax.evaluation.report import RESULTS_JSON
+
+    done = workdir / EVAL_DIR / RESULTS_JSON
+    if not done.is_file():
+        return None
+    content = json.loads(done.read_text(encoding="utf-8"))
+    setting = dict(content["setting"].get("config") or {})
+    setting.pop("experiments", None)
+    current = config.to_dict()
+    current.pop("experiments", None)
+    return content if content.get("system") == system and _same(setting, current) else None
+
+
 def evaluate(config: ml_collections.ConfigDict, workdir: Path, root: Path, *, system: str,
              checkpoint: Path | None = None, factory: Callable | None = None) -> dict[str, Any]:
     """The evaluation protocol on `workdir` (its `<workdir>/eval/`): the policy there or in `checkpoint`, or the
     agent `factory` builds (a baseline); read back when it already ran with the same config and system."""
-    from icml_jax.evaluate import EVAL_DIR, evaluate_agent, evaluate_workdir
-    from icml_jax.evaluation.report import RESULTS_JSON
+    from icml_jax.evaluate import evaluate_agent, evaluate_workdir
 
-    done = workdir / EVAL_DIR / RESULTS_JSON
-    if done.is_file():
-        content = json.loads(done.read_text(encoding="utf-8"))
-        setting = dict(content["setting"].get("config") or {})
-        setting.pop("experiments", None)
-        current = config.to_dict()
-        current.pop("experiments", None)
-        if content.get("system") == system and _same(setting, current):
-            return content
+    done = read_back(config, workdir, system)
+    if done is not None:
+        return done
     workdir.mkdir(parents=True, exist_ok=True)
     with contextlib.redirect_stderr(io.StringIO()):
         if factory is not None:
@@ -131,5 +141,5 @@ def evaluate(config: ml_collections.ConfigDict, workdir: Path, root: Path, *, sy
         return evaluate_workdir(config, workdir, checkpoint=checkpoint, system=system, cache_path=root / EVAL_CACHE)
 
 
-__all__ = ["BASE", "EVAL_CACHE", "base_run", "derive", "evaluate", "full_run", "online_run", "run_job",
-           "seed_config", "training_config"]
+__all__ = ["BASE", "EVAL_CACHE", "base_run", "derive", "evaluate", "full_run", "online_run", "read_back",
+           "run_job", "seed_config", "training_config"]

@@ -5,6 +5,7 @@ variants differ where they should."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from icml_jax.experiments import runs
-from icml_jax.experiments.catalog import ABLATIONS, EXPERIMENTS
+from icml_jax.experiments.catalog import ABLATIONS, EXPERIMENTS, Context, ours
 from icml_jax.experiments.runner import _seeds_argv, run_experiment
 from icml_jax.runlog import read_metrics
 from tests.config_files import load_config
@@ -75,6 +76,25 @@ def test_main_puts_ours_and_every_baseline_in_table_1(workdir):
         assert row["per_seed"]["0"]["BLEU-4"] is not None
     ids = {json.dumps(p["0"]["episode_ids"]) for p in content["provenance"].values()}
     assert len(ids) == 1
+
+
+def test_a_scored_run_is_read_back_without_retraining(workdir, tmp_path, monkeypatch):
+    """A workdir that kept only results.json files (another machine's or session's runs) rebuilds the tables; a
+    results file written under another config trains anew."""
+    src = workdir / "seed0" / "ours" / "eval" / "results.json"
+    dst = tmp_path / "seed0" / "ours" / "eval" / "results.json"
+    dst.parent.mkdir(parents=True)
+    shutil.copy(src, dst)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(runs, "run_job", refuse)
+    assert ours(Context(smoke_config(), tmp_path, [0], lambda line: None), 0) == json.loads(src.read_text())
+    other = smoke_config()
+    other.rl.reward.truth_lambda = 0.125
+    with pytest.raises(AssertionError, match="trained again"):
+        ours(Context(other, tmp_path, [0], lambda line: None), 0)
 
 
 def test_table6_puts_ours_and_the_memory_methods_in_table_6(workdir):
