@@ -4,7 +4,9 @@ gloo CPU collectives), for tests/test_main_multihost.py.
 Usage: python tests/main_multihost_worker.py PROCESS_ID NUM_PROCESSES PORT DEVICES WORKDIR INIT_FROM.
 Each process owns DEVICES fake CPU devices; the run is configs/demo.py's online stage from the warm-up in
 INIT_FROM, with the mesh (data 4) spanning all processes. With KILL_AT_SAVE=N in the environment the process
-SIGKILLs itself once its N-th checkpoint is on disk (every process does: they save at the same steps).
+SIGKILLs itself once its N-th checkpoint is on disk in every process (they save at the same steps). A process
+that is still waiting on the coordination service when the leader (process 0) dies is aborted by XLA (SIGABRT)
+before it reaches its own kill: the same end for the run.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
 
 from pathlib import Path  # noqa: E402
+
+from jax.experimental import multihost_utils  # noqa: E402
 
 from icml_jax import main  # noqa: E402
 from icml_jax.configlib import load_config  # noqa: E402
@@ -42,6 +46,9 @@ def _die_after(save, n: int):
         count += 1
         if count == n:
             self.wait()  # on disk: the restart resumes from this step
+            print(f"process {PROCESS_ID}: save {n} (step {step}) on disk", flush=True)
+            if COUNT > 1:  # no process is killed before every process's part of the checkpoint is written
+                multihost_utils.sync_global_devices(f"killed after save {n}")
             print(f"process {PROCESS_ID}: killed after save {n} (step {step})", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
