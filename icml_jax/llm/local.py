@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,7 +34,8 @@ class LocalBackend:
     Requests are batched by (max_output_tokens, temperature), in chunks of at most `max_batch` rows padded to a
     power of two, so memory stays bounded (a thousand condensation requests do not become one batch-1000 KV
     cache) and a run compiles one program per (batch, length) bucket. JSON-schema requests get the schema
-    appended to the prompt and their answer parsed leniently.
+    appended to the prompt and their answer parsed leniently. A sampled answer (temperature > 0) is seeded by the
+    back end's seed and the request, so it is the same in any batch, order or run.
 
     `judge_mode` "scores" (the default) makes the proxy and quality judges call `score` instead of parsing JSON:
     one forward pass per (prompt, cue) reads the next-token distribution over "1".."5", so a small model that
@@ -58,14 +61,11 @@ class LocalBackend:
         self._seed, self._top_p, self._top_k = seed, top_p, top_k
         self._max_batch = max_batch
         self._meter = UsageMeter()
-        self._calls = 0
         self._levels: ScoreTokens | None = None
 
     def _render(self, request: LLMRequest) -> str:
         prompt = request.prompt
         if request.json_schema is not None:
-            import json
-
             prompt += "\n\nAnswer with JSON only, following this JSON schema:\n" + json.dumps(request.json_schema)
         if getattr(self.tokenizer, "chat_template", None):
             from icml_jax.models.tokenizer import apply_chat_template
@@ -89,11 +89,11 @@ class LocalBackend:
         for (max_tokens, temperature), idx in chunks:
             prompts = [self._render(requests[i]) for i in idx]
             padded = prompts + [prompts[-1]] * (_pow2(len(prompts)) - len(prompts))  # extra rows are dropped
+            seeds = [self._sample_seed(p, max_tokens, temperature) for p in padded]
             start = time.perf_counter()
-            self._calls += 1
             texts = generate(self.model, self.tokenizer, padded, max_new_tokens=max_tokens,
                              temperature=temperature, top_k=self._top_k, top_p=self._top_p,
-                             seed=self._seed + self._calls, add_special_tokens=not templated)[: len(prompts)]
+                             seed=seeds, add_special_tokens=not templated)[: len(prompts)]
             latency = (time.perf_counter() - start) / len(idx)
             for i, prompt, text in zip(idx, prompts, texts):
                 n_in = len(self.tokenizer(prompt, add_special_tokens=not templated)["input_ids"])
@@ -102,6 +102,13 @@ class LocalBackend:
                 out[i] = LLMResponse.answering(requests[i], text, prompt_tokens=n_in, output_tokens=n_out,
                                                latency_s=latency)
         return [r for r in out if r is not None]
+
+    def _sample_seed(self, prompt: str, max_tokens: int, temperature: float) -> int:
+        """A request's sampling seed (uint32): the back end's seed and what the model is given, hashed, so an
+        answer depends on its request alone, not on the requests before or beside it (as the answer cache
+        assumes)."""
+        blob = json.dumps([self._seed, prompt, max_tokens, temperature, self._top_k, self._top_p])
+        return int.from_bytes(hashlib.sha256(blob.encode("utf-8")).digest()[:4], "little")
 
     def _level_ids(self) -> ScoreTokens:
         """The tokenizer's score tokens, found once."""

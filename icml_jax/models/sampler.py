@@ -2,7 +2,8 @@
 
 Model state is an argument of both programs (never closed over), so new weights need no recompilation, and
 prompt lengths and cache sizes are rounded up to buckets so a run compiles a handful of programs.
-The prefill scans the stacked layers. The decode loop does too, except on CPU (`unroll_layers`), where XLA
+Each row samples with its own random key (`generate_tokens`' `seed`), folded with the step, so a row's tokens
+depend on its prompt and key only, never on the other rows of its batch. The prefill scans the stacked layers. The decode loop does too, except on CPU (`unroll_layers`), where XLA
 copies each scanned layer's weights out of the stack before its matmuls: a batch-1 decode step is bound by
 reading the weights, so the copy doubles it. There the decode program slices the layers once per call, before
 its loop (one extra copy of the block weights while it runs), and runs them unrolled (compile time linear in
@@ -38,8 +39,8 @@ class SamplingConfig:
             raise ValueError(f"invalid sampling settings {self}")
 
 
-def sample_logits(logits: Array, rng: Array, sampling: SamplingConfig) -> Array:
-    """Next tokens [batch] from float32 logits [batch, vocab]."""
+def sample_logits(logits: Array, keys: Array, sampling: SamplingConfig) -> Array:
+    """Next tokens [batch] from float32 logits [batch, vocab]; `keys` [batch] holds each row's random key."""
     if sampling.temperature == 0.0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     logits = logits.astype(jnp.float32) / sampling.temperature
@@ -54,22 +55,27 @@ def sample_logits(logits: Array, rng: Array, sampling: SamplingConfig) -> Array:
         keep = before < sampling.top_p  # always keeps the most likely token
         cutoff = jnp.min(jnp.where(keep, ordered, jnp.inf), axis=-1, keepdims=True)
         logits = jnp.where(logits < cutoff, neg, logits)
-    return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
+    return jax.vmap(jax.random.categorical)(keys, logits).astype(jnp.int32)
+
+
+def _step_keys(keys: Array, step: Array | int) -> Array:
+    """Each row's key for generation step `step` (0: the token the prefill samples)."""
+    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "slots", "sampling"))
-def _prefill(graphdef, state, tokens, mask, rng, *, slots: int, sampling: SamplingConfig):
+def _prefill(graphdef, state, tokens, mask, keys, *, slots: int, sampling: SamplingConfig):
     """Runs the prompt [batch, length] into a fresh cache of `slots` slots and samples the first token."""
     model = nnx.merge(graphdef, state)
     cache = init_cache(model.config, tokens.shape[0], slots, model.dtype)
     out = model(tokens, attention_mask=mask, cache=cache, compute_logits=False)
     logits = model.logits(out.hidden[:, -1])
-    return sample_logits(logits, rng, sampling), out.cache
+    return sample_logits(logits, _step_keys(keys, 0), sampling), out.cache
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "sampling", "unroll_layers"),
                    donate_argnames=("cache",))
-def _decode(graphdef, state, cache: KVCache, first: Array, rng: Array, eos_ids: Array, pad_id: Array,
+def _decode(graphdef, state, cache: KVCache, first: Array, keys: Array, eos_ids: Array, pad_id: Array,
             *, max_new_tokens: int, sampling: SamplingConfig, unroll_layers: bool):
     """Feeds back one token at a time until every row has emitted EOS or `max_new_tokens` tokens exist."""
     model = nnx.merge(graphdef, state)
@@ -82,23 +88,22 @@ def _decode(graphdef, state, cache: KVCache, first: Array, rng: Array, eos_ids: 
     lengths = jnp.ones((batch,), jnp.int32)
 
     def cond(carry):
-        step, _, _, done, _, _ = carry
+        step, _, _, done, _ = carry
         return (step < max_new_tokens) & ~jnp.all(done)
 
     def body(carry):
-        step, cache, out, done, lengths, rng = carry
-        rng, key = jax.random.split(rng)
+        step, cache, out, done, lengths = carry
         last = out[:, step - 1]
         result = model(last[:, None], cache=cache, compute_logits=False, layers=layers)
-        token = sample_logits(model.logits(result.hidden[:, -1]), key, sampling)
+        token = sample_logits(model.logits(result.hidden[:, -1]), _step_keys(keys, step), sampling)
         token = jnp.where(done, pad_id, token)
         out = jax.lax.dynamic_update_slice(out, token[:, None], (0, step))
         lengths = lengths + (~done).astype(jnp.int32)
         done = done | jnp.isin(token, eos_ids)
-        return step + 1, result.cache, out, done, lengths, rng
+        return step + 1, result.cache, out, done, lengths
 
-    carry = (jnp.int32(1), cache, out, done, lengths, rng)
-    _, cache, out, done, lengths, _ = jax.lax.while_loop(cond, body, carry)
+    carry = (jnp.int32(1), cache, out, done, lengths)
+    _, cache, out, done, lengths = jax.lax.while_loop(cond, body, carry)
     if unroll_layers:
         cache = stack_cache(cache)
     return out, lengths, cache  # returning the cache lets XLA update the donated buffers in place
@@ -123,6 +128,18 @@ def bucket(n: int, minimum: int = 16) -> int:
     return size
 
 
+def _row_keys(seed: int | Sequence[int], rows: int) -> Array:
+    """Each row's random key [rows]: from one int seed and the row's index, or from the row's own seed."""
+    if isinstance(seed, int | np.integer):
+        return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(int(seed)), jnp.arange(rows))
+    seeds = np.asarray(seed)
+    if seeds.shape != (rows,) or not np.issubdtype(seeds.dtype, np.integer) or (seeds < 0).any() \
+            or (seeds >= 2**32).any():
+        raise ValueError(f"generate_tokens: seed must be an int or {rows} seeds in [0, 2**32), one per prompt; "
+                         f"got shape {seeds.shape}, dtype {seeds.dtype}")
+    return jax.vmap(jax.random.key)(jnp.asarray(seeds.astype(np.uint32)))
+
+
 @dataclasses.dataclass
 class GenerationResult:
     """Generated token ids [batch, max_new_tokens] (pad after the end) and each row's length (EOS included)."""
@@ -139,12 +156,14 @@ def generate_tokens(
     sampling: SamplingConfig = SamplingConfig(),
     eos_ids: Sequence[int] = (),
     pad_id: int = 0,
-    seed: int = 0,
+    seed: int | Sequence[int] = 0,
     min_prompt_bucket: int = 16,
     unroll_layers: bool | None = None,
 ) -> GenerationResult:
     """Continues each token-id prompt; prompts are left-padded to a common bucketed length.
 
+    `seed`: an int gives row i the key `fold_in(key(seed), i)`; a sequence gives each row its own seed (uint32),
+    so that a row's sample is the same in any batch.
     `unroll_layers`: run the decode loop's layers unrolled from per-layer slices (None: on CPU; see the module
     docstring)."""
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -155,13 +174,13 @@ def generate_tokens(
     tokens, mask = pad_left(prompts, length, pad_id)
     new_bucket = bucket(max_new_tokens, 16)
     graphdef, state = nnx.split(model)
-    rng_prefill, rng_decode = jax.random.split(jax.random.key(seed))
-    first, cache = _prefill(graphdef, state, jnp.asarray(tokens), jnp.asarray(mask), rng_prefill,
+    keys = _row_keys(seed, len(prompts))
+    first, cache = _prefill(graphdef, state, jnp.asarray(tokens), jnp.asarray(mask), keys,
                             slots=length + new_bucket, sampling=sampling)
     eos = jnp.asarray(sorted(set(int(e) for e in eos_ids)) or [-1], jnp.int32)
     if unroll_layers is None:
         unroll_layers = jax.default_backend() == "cpu"
-    out, lengths, _ = _decode(graphdef, state, cache, first, rng_decode, eos, jnp.int32(pad_id),
+    out, lengths, _ = _decode(graphdef, state, cache, first, keys, eos, jnp.int32(pad_id),
                               max_new_tokens=max_new_tokens, sampling=sampling, unroll_layers=unroll_layers)
     return GenerationResult(np.asarray(out), np.asarray(lengths))
 
@@ -175,7 +194,7 @@ def generate(
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
-    seed: int = 0,
+    seed: int | Sequence[int] = 0,
     add_special_tokens: bool = True,
     skip_special_tokens: bool = True,
 ) -> list[str]:

@@ -62,6 +62,19 @@ def test_large_request_lists_run_in_bounded_power_of_two_batches(model_dir, monk
         make_backend({"kind": "local", "model_dir": str(model_dir), "max_batch": 0})
 
 
+def test_a_sampled_answer_depends_on_its_request_alone(model_dir):
+    """At temperature 1 a request gets the same answer alone, after other calls, in a batch of others and from
+    another back end of the same seed (what the answer cache assumes); another seed gives other answers."""
+    hot = [LLMRequest(t, max_output_tokens=8, temperature=1.0)
+           for t in ("hello how are you", "i like my dog", "what do you eat", "my dog is big")]
+    block = {"kind": "local", "model_dir": str(model_dir), "dtype": "float32"}
+    backend = make_backend(block)
+    alone = [backend.generate([r])[0].text for r in hot]
+    assert [a.text for a in backend.generate(hot[::-1])] == alone[::-1]  # after 4 calls, all in one batch
+    assert [a.text for a in make_backend({**block, "max_batch": 2}).generate(hot)] == alone
+    assert [a.text for a in make_backend({**block, "seed": 1}).generate(hot)] != alone
+
+
 def test_json_requests_record_parse_errors_not_crash(model_dir):
     backend = make_backend({"kind": "local", "model_dir": str(model_dir), "dtype": "float32"})
     (answer,) = backend.generate([LLMRequest("rate this", json_schema={"type": "object"}, max_output_tokens=3)])

@@ -73,21 +73,40 @@ def test_eos_stops_a_row_and_pads_the_rest(model):
 def test_filters_reduce_to_greedy_and_sampling_follows_softmax():
     logits = jnp.asarray(np.random.RandomState(0).randn(4, 11).astype(np.float32))
     key = jax.random.key(1)
-    greedy = np.asarray(S.sample_logits(logits, key, S.SamplingConfig()))
+    keys = jax.random.split(key, 4)  # one per row
+    greedy = np.asarray(S.sample_logits(logits, keys, S.SamplingConfig()))
     for cfg in (S.SamplingConfig(temperature=1.0, top_k=1), S.SamplingConfig(temperature=1.0, top_p=1e-6)):
-        np.testing.assert_array_equal(np.asarray(S.sample_logits(logits, key, cfg)), greedy)
+        np.testing.assert_array_equal(np.asarray(S.sample_logits(logits, keys, cfg)), greedy)
     row = jnp.asarray([[2.0, 1.0, 0.0, -1.0, -9.0]])
-    draws = jax.vmap(lambda k: S.sample_logits(row, k, S.SamplingConfig(temperature=1.0)))(
+    draws = jax.vmap(lambda k: S.sample_logits(row, k[None], S.SamplingConfig(temperature=1.0)))(
         jax.random.split(key, 20000))
     freq = np.bincount(np.asarray(draws).ravel(), minlength=5) / 20000
     np.testing.assert_allclose(freq, np.asarray(jax.nn.softmax(row[0])), atol=0.015)
-    top2 = jax.vmap(lambda k: S.sample_logits(row, k, S.SamplingConfig(temperature=1.0, top_k=2)))(
+    top2 = jax.vmap(lambda k: S.sample_logits(row, k[None], S.SamplingConfig(temperature=1.0, top_k=2)))(
         jax.random.split(key, 2000))
     assert set(np.unique(np.asarray(top2))) == {0, 1}
     # top_p 0.7: token 0 has ~0.64 of the mass, so tokens 0 and 1 are kept and nothing else.
-    topp = jax.vmap(lambda k: S.sample_logits(row, k, S.SamplingConfig(temperature=1.0, top_p=0.7)))(
+    topp = jax.vmap(lambda k: S.sample_logits(row, k[None], S.SamplingConfig(temperature=1.0, top_p=0.7)))(
         jax.random.split(key, 2000))
     assert set(np.unique(np.asarray(topp))) == {0, 1}
+
+
+def test_a_sampled_row_depends_on_its_prompt_and_seed_only(model):
+    """At temperature 1 a row seeded alike samples the same tokens alone, beside another prompt, at another
+    position and in a batch of another bucket; an int seed gives each row its own key."""
+    hot = S.SamplingConfig(temperature=1.0)
+    p, q = [40, 3, 77], [5, 17, 33, 8, 61, 12, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]  # q: the next prompt bucket
+    alone = S.generate_tokens(model, [p], max_new_tokens=16, sampling=hot, seed=[7]).tokens[0]
+    beside = S.generate_tokens(model, [q, p, p], max_new_tokens=16, sampling=hot, seed=[3, 9, 7]).tokens
+    np.testing.assert_array_equal(beside[2], alone)
+    assert not np.array_equal(beside[1], alone)  # another seed, another sample
+    rows = S.generate_tokens(model, [p, p], max_new_tokens=16, sampling=hot, seed=5).tokens
+    assert not np.array_equal(rows[0], rows[1])
+    np.testing.assert_array_equal(S.generate_tokens(model, [p, p], max_new_tokens=16, sampling=hot, seed=5).tokens,
+                                  rows)
+    for bad in ([1], [1, -1], [1, 2**32]):
+        with pytest.raises(ValueError, match="one per prompt"):
+            S.generate_tokens(model, [p, p], max_new_tokens=2, sampling=hot, seed=bad)
 
 
 def test_same_buckets_compile_once(model):
