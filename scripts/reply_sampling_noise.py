@@ -15,11 +15,9 @@ import statistics
 from pathlib import Path
 
 from icml_jax.configlib import load_config
+from icml_jax.evaluation.report import TABLE1 as COLUMNS  # the automatic metrics and the judge's dimensions
 from icml_jax.experiments import catalog
 from icml_jax.experiments.tables import metrics_of
-
-COLUMNS = ("BLEU-4", "ROUGE-L", "BERTScore", "MAUVE", "Engagingness", "Humanness", "Coherence", "Consistency",
-           "Memorability")
 
 
 def draw(config_path: str, data_dir: str, root: Path, system: str, generator_seed: int) -> dict[str, float]:

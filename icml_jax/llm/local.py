@@ -88,8 +88,10 @@ class LocalBackend:
                   for i in range(0, len(idx), self._max_batch)]
         for (max_tokens, temperature), idx in chunks:
             prompts = [self._render(requests[i]) for i in idx]
-            padded = prompts + [prompts[-1]] * (_pow2(len(prompts)) - len(prompts))  # extra rows are dropped
-            seeds = [self._sample_seed(p, max_tokens, temperature) for p in padded]
+            extra = _pow2(len(prompts)) - len(prompts)  # rows repeating the last prompt, their answers dropped
+            padded = prompts + [prompts[-1]] * extra
+            seeds = [self._sample_seed(p, max_tokens, temperature) for p in prompts]
+            seeds += [seeds[-1]] * extra
             start = time.perf_counter()
             texts = generate(self.model, self.tokenizer, padded, max_new_tokens=max_tokens,
                              temperature=temperature, top_k=self._top_k, top_p=self._top_p,

@@ -3,7 +3,8 @@
 Model state is an argument of both programs (never closed over), so new weights need no recompilation, and
 prompt lengths and cache sizes are rounded up to buckets so a run compiles a handful of programs.
 Each row samples with its own random key (`generate_tokens`' `seed`), folded with the step, so a row's tokens
-depend on its prompt and key only, never on the other rows of its batch. The prefill scans the stacked layers. The decode loop does too, except on CPU (`unroll_layers`), where XLA
+depend on its prompt and key only, never on the other rows of its batch.
+The prefill scans the stacked layers. The decode loop does too, except on CPU (`unroll_layers`), where XLA
 copies each scanned layer's weights out of the stack before its matmuls: a batch-1 decode step is bound by
 reading the weights, so the copy doubles it. There the decode program slices the layers once per call, before
 its loop (one extra copy of the block weights while it runs), and runs them unrolled (compile time linear in
