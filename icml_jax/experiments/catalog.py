@@ -92,9 +92,14 @@ def trained(ctx: Context, seed: int, name: str, overrides: dict[str, Any] | None
 
 def scored(ctx: Context, seed: int, workdir: Path, system: str, *, overrides: dict[str, Any] | None = None,
            checkpoint: Path | None = None, factory: Callable | None = None) -> dict[str, Any]:
-    """The evaluation of a trained run (or a checkpoint, or a baseline's agent), as results.json content."""
-    ctx.log(f"seed {seed}: evaluating {system}")
+    """The evaluation of a trained run (or a checkpoint, or a baseline's agent), as results.json content; read
+    back when it already ran under the same config."""
     cfg = runs.derive(ctx.cfg(seed), overrides or {})
+    done = runs.read_back(cfg, workdir, system)
+    if done is not None:
+        ctx.log(f"seed {seed}: {system} read back from its results.json")
+        return done
+    ctx.log(f"seed {seed}: evaluating {system}")
     return runs.evaluate(cfg, workdir, ctx.root, system=system, checkpoint=checkpoint, factory=factory)
 
 

@@ -49,8 +49,8 @@ def workdir(tmp_path_factory):
     return tmp_path_factory.mktemp("experiments")
 
 
-def _run(name, workdir, seeds=(0,)):
-    files = run_experiment(name, smoke_config(), workdir, list(seeds), log=lambda line: None)
+def _run(name, workdir, seeds=(0,), log=lambda line: None):
+    files = run_experiment(name, smoke_config(), workdir, list(seeds), log=log)
     content = json.loads(files["json"].read_text(encoding="utf-8"))
     assert files["md"].read_text(encoding="utf-8").startswith("# ")
     return files, content
@@ -120,9 +120,12 @@ def test_efficiency_reads_main_and_table6_evaluations_and_draws_three_figures(wo
         _run("efficiency", workdir)
     stale.unlink()  # a missing evaluation is run
     before = {name: p.stat().st_mtime_ns for name, p in results.items() if name != "baseline_no_memory"}
-    files, content = _run("efficiency", workdir)
+    lines = []
+    files, content = _run("efficiency", workdir, log=lines.append)
     assert stale.is_file() and "per_session" in json.loads(stale.read_text())["efficiency"]
     assert {name: results[name].stat().st_mtime_ns for name in before} == before  # the others were read back
+    assert "seed 0: evaluating no_memory" in lines and "seed 0: dense read back from its results.json" in lines
+    assert not [line for line in lines if "evaluating" in line and "no_memory" not in line]  # says what it did
     systems = ["ours", *BASELINES, *TABLE6]
     assert list(content["rows"]) == [f"{s}, session {n}" for s in systems for n in range(1, 7)]
     ours = json.loads(results["ours"].read_text())["efficiency"]["per_session"]
