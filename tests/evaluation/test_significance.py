@@ -1,0 +1,117 @@
+"""Paired significance tests: the rescored BLEU equals sacrebleu's corpus BLEU, the Monte Carlo sign flip agrees
+with exact enumeration, and identical, nearly identical and clearly different systems get the p-values they
+must."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from icml_jax.evaluation.metrics import bleu4
+from icml_jax.evaluation.significance import (
+    bleu_from_stats,
+    bleu_test,
+    compare_rows,
+    main,
+    read_targets,
+    sentence_bleu_stats,
+    sign_flip_p_value,
+)
+
+WORDS = ["the", "cat", "sat", "on", "mat", "dog", "vet", "how", "is", "Biscuit", "?", "!", "kitchen", "good"]
+REFERENCES = ["How's Biscuit after his trip to the vet?", "Good luck with your kitchen renovation this summer!",
+              "Since you're vegan now, how about the lentil place?", "Sounds good, talk soon.",
+              "I finally finished the marathon last weekend.", "My sister is moving to Lisbon in May.",
+              "We adopted a second cat, her name is Pepper.", "The new job starts on Monday, I'm nervous.",
+              "Did you ever try the ramen place downtown?", "My knee is still sore from the hike."]
+BLAND = ["That sounds nice.", "Okay, cool.", "I see.", "Tell me more.", "Interesting.", "Nice!", "Hmm, okay.",
+         "Sure thing.", "Good to know.", "Right."]
+sentence = st.lists(st.sampled_from(WORDS), min_size=0, max_size=12).map(" ".join)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(sentence, sentence), min_size=1, max_size=6))
+def test_summed_sentence_statistics_rescore_to_sacrebleus_corpus_bleu(pairs):
+    hyps, refs = [h for h, _ in pairs], [r for _, r in pairs]
+    got = bleu_from_stats(sentence_bleu_stats(hyps, refs).sum(0))
+    assert got == pytest.approx(bleu4(hyps, refs).value, abs=1e-9)
+
+
+def test_monte_carlo_sign_flip_matches_exact_enumeration():
+    d = np.array([3.0, -1.0, 2.5, 0.0, 4.0, -2.0, 1.0, 1.5, -0.5, 2.0])
+    flipped = np.array([abs(np.dot(s, d)) for s in itertools.product([-1.0, 1.0], repeat=d.size)]) / d.size
+    exact = np.mean(flipped >= abs(d.mean()) - 1e-12)
+    assert sign_flip_p_value(d, samples=20_000, seed=3) == pytest.approx(exact, abs=0.01)
+    assert 0.05 < exact < 0.5  # a case where the p-value is neither trivially 0 nor 1
+
+
+def test_identical_systems_differ_by_nothing_with_p_one():
+    t = bleu_test(BLAND, BLAND, REFERENCES, samples=200)
+    assert t.delta == 0.0 and t.p_value == 1.0 and t.n == len(REFERENCES)
+    assert sign_flip_p_value(np.zeros(7), samples=200) == 1.0
+
+
+def test_systems_differing_on_one_target_are_not_significant():
+    other = [*BLAND[:-1], REFERENCES[-1]]
+    t = bleu_test(other, BLAND, REFERENCES, samples=500)
+    assert t.delta > 0 and t.p_value == 1.0  # one swap of ten: every sample's difference is 0 or the observed one
+    d = np.zeros(10)
+    d[4] = 30.0
+    assert sign_flip_p_value(d, samples=500) == 1.0
+
+
+def test_a_clearly_better_system_gets_a_small_p_value():
+    t = bleu_test(REFERENCES, BLAND, REFERENCES, samples=2000, seed=1)
+    assert t.system == pytest.approx(100.0) and t.delta > 50
+    assert t.p_value < 0.01  # exact: 2 / 2**10 of the swaps reach the observed difference
+
+
+def _rows(replies, judge_scale=0.5):
+    return [{"episode_id": "e", "session": 5, "turn": i, "history_sha256": f"h{i}", "utterance": f"u{i}",
+             "reference": ref, "reply": reply, "rouge_l": 10.0 * i, "bertscore_f1": 50.0,
+             "judge": {"consistency": judge_scale, "coherence": judge_scale, "memorability": judge_scale,
+                       "engagingness": judge_scale, "humanness": judge_scale} if i else None}
+            for i, (reply, ref) in enumerate(zip(replies, REFERENCES))]
+
+
+def test_compare_rows_tests_every_metric_on_shared_targets_and_skips_missing_verdicts():
+    tests = {t.metric: t for t in compare_rows(_rows(BLAND, 0.75), _rows(BLAND, 0.25), samples=2000)}
+    assert {"BLEU-4", "ROUGE-L", "BERTScore", "Consistency", "Humanness"} <= tests.keys()
+    assert tests["Consistency"].n == len(REFERENCES) - 1  # target 0 has no verdict on either side
+    # nine equal differences: exactly 2 of the 2**9 sign patterns reach the observed mean
+    assert tests["Consistency"].delta == pytest.approx(50.0) and tests["Consistency"].p_value < 0.01
+    assert tests["ROUGE-L"].delta == 0.0 and tests["ROUGE-L"].p_value == 1.0
+
+
+def test_misaligned_targets_raise():
+    a, b = _rows(BLAND), _rows(BLAND)
+    b[3]["reference"] = "something else"
+    with pytest.raises(ValueError, match="reference"):
+        compare_rows(a, b, samples=10)
+    with pytest.raises(ValueError, match="different targets"):
+        compare_rows(a[:-1], b, samples=10)
+
+
+def test_read_targets_names_the_bad_line_and_the_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="targets.jsonl"):
+        read_targets(tmp_path)
+    (tmp_path / "targets.jsonl").write_text('{"a": 1}\n\n{"b": \n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"targets.jsonl:3: not JSON"):
+        read_targets(tmp_path)
+
+
+def test_cli_prints_one_row_per_system(tmp_path, capsys):
+    for name, replies in (("base", BLAND), ("ours", REFERENCES)):
+        (tmp_path / name / "eval").mkdir(parents=True)
+        (tmp_path / name / "eval" / "targets.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in _rows(replies)), encoding="utf-8")
+    main(["--baseline", str(tmp_path / "base" / "eval"), "--systems", str(tmp_path / "ours" / "eval"),
+          "--samples", "200"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("| system (minus ") and "BLEU-4" in out[0] and len(out) == 3
+    assert out[2].startswith(f"| {tmp_path / 'ours'} | +")
