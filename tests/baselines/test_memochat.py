@@ -13,10 +13,9 @@ from hypothesis import strategies as st
 from icml_jax.baselines import offline_answers, prompts
 from icml_jax.baselines.common import Query
 from icml_jax.baselines.memochat import MemoChatAgent
-from icml_jax.data.protocol import final_session_targets
-from icml_jax.evaluation.protocol import gold_history
 from icml_jax.llm.types import LLMResponse
-from tests.baselines.helpers import USER, Recording, episode, play, play_two_users
+from tests.baselines.helpers import USER, Recording, episode, play
+from tests.baselines.two_users import check_two_users_never_mix
 
 EPISODE = episode(["I have a dog named Max at home.", "I work as a nurse at the city hospital.", "It is sunny."],
                   ["My dog Max loves the park.", "I play guitar every evening."],
@@ -148,14 +147,4 @@ def test_selection_keeps_only_shown_ids_once_in_the_answers_order(items, n):
 
 
 def test_two_users_memos_never_mix():
-    agent = MemoChatAgent(Recording(), user_speaker=USER)
-    a, b = play_two_users(agent)
-    for ep, other in ((a, "Tom"), (b, "Rex")):
-        texts = agent.memory_texts(ep.episode_id)
-        assert texts and not any(other in t for t in texts)
-        targets = final_session_targets(ep)
-        (reply,) = agent.answer(ep.episode_id, ep, targets, [gold_history(ep, t.session, t.turn) for t in targets])
-        assert reply.memory.all_refs and {r[0] for r in reply.memory.all_refs} == {ep.episode_id}
-        assert other not in reply.memory.text
-    agent.reset()
-    assert agent.memory_texts("ep-A") == agent.memory_texts("ep-B") == []
+    check_two_users_never_mix(MemoChatAgent(Recording(), user_speaker=USER))

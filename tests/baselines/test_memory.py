@@ -16,12 +16,11 @@ from icml_jax.baselines.heuristic import HeuristicAgent
 from icml_jax.baselines.mem0 import Mem0Agent
 from icml_jax.baselines.memorybank import BankMemory, MemoryBankAgent
 from icml_jax.baselines.no_memory import NoMemoryAgent
-from icml_jax.data.protocol import final_session_targets
-from icml_jax.evaluation.protocol import gold_history
 from icml_jax.llm import prompts as llm_prompts
 from icml_jax.memory.lexical import bm25_scores
 from icml_jax.memory.store import MemoryStore
 from tests.baselines.helpers import USER, KeywordEncoder, Recording, count_words, episode, play
+from tests.baselines.two_users import check_two_users_never_mix
 
 
 @pytest.fixture
@@ -327,25 +326,4 @@ def _agents(store):
 
 @pytest.mark.parametrize("name", ["long_context", "dense", "heuristic", "memorybank", "mem0"])
 def test_two_users_memories_never_mix(store, name):
-    agent = _agents(store)[name]
-    a = episode(["I have a dog named Rex in Paris."], ["My dog Rex loves Paris."], ["Where is my dog Rex?"],
-                episode_id="ep-A")
-    b = episode(["I have a cat named Tom in Rome."], ["My cat Tom loves Rome."], ["Is my dog in Rome?"],
-                episode_id="ep-B")
-    agent.reset()
-    for s in range(2):  # the two users' sessions interleaved
-        for ep in (a, b):
-            history = []
-            for t, turn in enumerate(ep.sessions[s].turns):
-                if turn.speaker == USER:
-                    agent.observe(ep.episode_id, ep, s, t, history)
-                history.append((turn.speaker, turn.text))
-    for ep, other in ((a, "Tom"), (b, "Rex")):
-        texts = agent.memory_texts(ep.episode_id)
-        assert texts and not any(other in t for t in texts)
-        targets = final_session_targets(ep)
-        (reply,) = agent.answer(ep.episode_id, ep, targets, [gold_history(ep, t.session, t.turn) for t in targets])
-        assert reply.memory.all_refs and {r[0] for r in reply.memory.all_refs} == {ep.episode_id}
-        assert other not in reply.memory.text
-    agent.reset()
-    assert agent.memory_texts("ep-A") == agent.memory_texts("ep-B") == []
+    check_two_users_never_mix(_agents(store)[name])
