@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -216,7 +215,7 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     from icml_jax.evaluation.leakage import check_no_leak
     from icml_jax.evaluation.pairwise import compare, write_pairwise
     from icml_jax.evaluation.protocol import play
-    from icml_jax.evaluation.report import TARGETS_JSONL, write_outputs
+    from icml_jax.evaluation.report import TARGETS_JSONL, read_targets, write_outputs
     from icml_jax.llm.judges import PairwiseJudge, ProxyJudge, QualityJudge
     from icml_jax.llm.registry import make_backend
     from icml_jax.memory.store import MemoryStore
@@ -228,7 +227,7 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
         other = Path(against).expanduser().absolute() / EVAL_DIR / TARGETS_JSONL
         if not other.is_file():
             raise ValueError(f"--against: {other} does not exist; evaluate that run first")
-        other_rows = [json.loads(line) for line in other.read_text(encoding="utf-8").splitlines() if line.strip()]
+        other_rows = read_targets(other.parent)
     episodes = eval_episodes(config)
     if not episodes:
         raise ValueError(f"no evaluation episodes for data {config.data.name!r}")

@@ -235,5 +235,21 @@ def write_outputs(out_dir: Path, results: Sequence[EpisodeResult], system: str,
     return content
 
 
-__all__ = ["EFFICIENCY_PNG", "RESULTS_JSON", "RESULTS_MD", "TABLE1", "TABLE8", "TARGETS_JSONL",
+def read_targets(eval_dir: str | Path) -> list[dict[str, Any]]:
+    """The per-target rows `write_outputs` wrote into `eval_dir` (its targets.jsonl); a line that is not JSON is
+    named by file and line."""
+    path = Path(eval_dir) / TARGETS_JSONL
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no targets.jsonl (an evaluation directory, `<workdir>/eval`, is expected)")
+    rows = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{i}: not JSON ({exc.msg})") from None
+    return rows
+
+
+__all__ = ["EFFICIENCY_PNG", "RESULTS_JSON", "RESULTS_MD", "TABLE1", "TABLE8", "TARGETS_JSONL", "read_targets",
            "per_session_efficiency", "results_markdown", "summarize", "write_outputs"]

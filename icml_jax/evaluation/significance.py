@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from icml_jax.evaluation.metrics import JUDGE_DIMENSIONS
 from icml_jax.evaluation.pairwise import align
-from icml_jax.evaluation.report import TARGETS_JSONL
+from icml_jax.evaluation.report import read_targets
 
 DEFAULT_SAMPLES = 10_000
 Row = Mapping[str, Any]
@@ -94,14 +92,13 @@ def bleu_test(system: Sequence[str], baseline: Sequence[str], references: Sequen
     sentences' sufficient statistics. A swap that changes nothing counts as a difference as large as the
     observed one (sacrebleu's own test counts only larger ones, so two nearly identical systems get p ~ 0)."""
     a, b = sentence_bleu_stats(system, references), sentence_bleu_stats(baseline, references)
-    observed = abs(bleu_from_stats(a.sum(0)) - bleu_from_stats(b.sum(0)))
+    total_a, total_b = a.sum(0), b.sum(0)
+    bleu_a, bleu_b = bleu_from_stats(total_a), bleu_from_stats(total_b)
     swap = np.random.default_rng(seed).random((samples, len(references))) < 0.5
-    at_least = 0
-    for mask in swap:
-        x, y = np.where(mask[:, None], b, a).sum(0), np.where(mask[:, None], a, b).sum(0)
-        at_least += abs(bleu_from_stats(x) - bleu_from_stats(y)) >= observed - 1e-9
-    return PairedTest("BLEU-4", bleu_from_stats(a.sum(0)), bleu_from_stats(b.sum(0)), len(references),
-                      (1 + at_least) / (1 + samples))
+    moved = swap.astype(np.int64) @ (b - a)  # each sample's statistics moved from a's side to b's
+    at_least = sum(abs(bleu_from_stats(total_a + m) - bleu_from_stats(total_b - m)) >= abs(bleu_a - bleu_b) - 1e-9
+                   for m in moved)
+    return PairedTest("BLEU-4", bleu_a, bleu_b, len(references), (1 + at_least) / (1 + samples))
 
 
 def compare_rows(system: Sequence[Row], baseline: Sequence[Row], *, samples: int = DEFAULT_SAMPLES,
@@ -120,21 +117,6 @@ def compare_rows(system: Sequence[Row], baseline: Sequence[Row], *, samples: int
         out.append(PairedTest(metric, float(x.mean()), float(y.mean()), len(both),
                               sign_flip_p_value(x - y, samples=samples, seed=seed)))
     return out
-
-
-def read_targets(eval_dir: str | Path) -> list[dict[str, Any]]:
-    """The target rows of an evaluation directory (its targets.jsonl)."""
-    path = Path(eval_dir) / TARGETS_JSONL
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no targets.jsonl (an evaluation directory, `<workdir>/eval`, is expected)")
-    rows = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{i}: not JSON ({exc.msg})") from None
-    return rows
 
 
 def markdown(tests: Mapping[str, Sequence[PairedTest]], baseline: str) -> str:
@@ -163,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 __all__ = ["DEFAULT_SAMPLES", "PER_TARGET", "PairedTest", "bleu_from_stats", "bleu_test", "compare_rows", "markdown",
-           "read_targets", "sentence_bleu_stats", "sign_flip_p_value"]
+           "sentence_bleu_stats", "sign_flip_p_value"]
 
 
 if __name__ == "__main__":

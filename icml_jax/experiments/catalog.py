@@ -343,7 +343,7 @@ def rejudge(ctx: Context) -> Report:
     from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
     from icml_jax.evaluation.judging import judge_targets
     from icml_jax.rl.save_log import pearson_or_none
-    from icml_jax.evaluation.report import TARGETS_JSONL
+    from icml_jax.evaluation.report import read_targets
     from icml_jax.llm.judges import QualityJudge
     from icml_jax.llm.registry import make_backend
 
@@ -368,8 +368,7 @@ def rejudge(ctx: Context) -> Report:
                 try:
                     for system in systems:
                         name = "ours" if system == "ours" else f"baseline_{system}"
-                        path = ctx.seed_dir(seed) / name / EVAL_DIR / TARGETS_JSONL
-                        rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+                        rows = read_targets(ctx.seed_dir(seed) / name / EVAL_DIR)
                         holder = [type("R", (), {"targets": rows})()]
                         judge_targets(QualityJudge(backend), holder, episodes)
                         means = [None if not r.get("judge") else float(np.mean(list(r["judge"].values())))

@@ -13,12 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from icml_jax.evaluation.metrics import bleu4
+from icml_jax.evaluation.report import read_targets
 from icml_jax.evaluation.significance import (
     bleu_from_stats,
     bleu_test,
     compare_rows,
     main,
-    read_targets,
     sentence_bleu_stats,
     sign_flip_p_value,
 )
