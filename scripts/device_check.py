@@ -2,12 +2,12 @@
 utilisation, and one plan + trigger decision's latency beside the paper's Figure 10, printed as one table.
 
 Weights are random (speed does not depend on their values; parity with `transformers` is tested on CPU by
-`tests/models`): SmolLM2-135M's architecture and the `llama-3.2-1b` preset. The bfloat16 matmul peak and the
-device's copy bandwidth are measured in the same run and give each row its floor. Run it through
-`scripts/device_check.sh` on a machine with a GPU (about 5 minutes on an H200); `--smoke` runs every row at toy
-sizes on any backend (the test suite runs it on CPU), and its figures mean nothing.
+`tests/models`): SmolLM2-135M's architecture and the `llama-3.2-1b` preset. The bfloat16 matmul peak measured in
+the same run gives each row its floor. Run it through `scripts/device_check.sh` on a machine with a GPU (about 4
+minutes on an H200); `--smoke` runs every row at toy sizes on any backend (the test suite runs it on CPU), and its
+figures mean nothing.
 
-    python scripts/device_check.py [--smoke] [--dtype bfloat16]
+    python scripts/device_check.py [--smoke] [--dtype bfloat16] [--rows backbone,ppo,decisions] [--slots N]
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Sizes:
 
     prefill: tuple[tuple[int, int], ...] = ((1, 512), (4, 256))
     decode: tuple[tuple[int, int, int], ...] = ((1, 16, 128), (4, 16, 128))
-    slots: int = 4  # PPO minibatch slots (each one Planner row and one Trigger decision)
+    slots: int = 2  # PPO minibatch slots (one Planner row + one Trigger decision each); 4 did not fit an H200
     candidates: int = 16
     length: int = 256
     repeats: int = 5
@@ -175,9 +175,11 @@ def ppo_row(name: str, hf: dict, sizes: Sizes, dtype, peak: float) -> None:
         return result
 
     seconds = median_time(update, sizes.repeats)
+    peak_bytes = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+    memory = f", peak {peak_bytes / 2**30:.1f} GiB on the device" if peak_bytes else ""
     flops = train_flops(config, sizes.slots * (1 + cands), length, lora_rank=8)
     row(f"{name} PPO update, {sizes.slots} slots x (1 + {cands}) rows x {length}", f"{seconds * 1e3:.0f} ms",
-        "", "", f"MFU {flops / seconds / peak:.0%} ({flops / 1e12:.2f} TFLOP, LoRA r8)")
+        "", "", f"MFU {flops / seconds / peak:.0%} ({flops / 1e12:.2f} TFLOP, LoRA r8{memory})")
 
 
 def decision_rows(name: str, hf: dict, sizes: Sizes, dtype) -> None:
@@ -208,20 +210,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="toy sizes, any backend (checks the script runs)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--rows", default="backbone,ppo,decisions", help="which rows to run (comma-separated)")
+    parser.add_argument("--slots", type=int, help="PPO minibatch slots (default: Sizes.slots)")
     args = parser.parse_args()
     dtype = jnp.dtype(args.dtype)
     sizes = SMOKE if args.smoke else Sizes()
+    if args.slots:
+        sizes = dataclasses.replace(sizes, slots=args.slots)
+    wanted = set(args.rows.split(","))
     dev = jax.devices()[0]
     print(f"jax {jax.__version__} on {dev.platform} ({dev.device_kind}), {len(jax.devices())} device(s); "
           f"dtype {args.dtype}{'; SMOKE sizes: figures mean nothing' if args.smoke else ''}", flush=True)
     peak = matmul_peak(dtype, 256 if args.smoke else 8192, sizes.repeats)
     row(f"{args.dtype} matmul peak (jitted n^3)", f"{peak / 1e12:.1f} TFLOP/s", "", "", "the floors' denominator")
     models = {"toy": TOY} if args.smoke else {"SmolLM2-135M": SMOLLM2, "llama-3.2-1b": PRESETS["llama-3.2-1b"]}
-    for name, hf in models.items():
+    for name, hf in models.items() if "backbone" in wanted else ():
         backbone_rows(name, hf, sizes, dtype, peak)
     big = list(models)[-1]
-    ppo_row(big, models[big], sizes, dtype, peak)
-    decision_rows(big, models[big], sizes, dtype)
+    if "ppo" in wanted:
+        ppo_row(big, models[big], sizes, dtype, peak)
+    if "decisions" in wanted:
+        decision_rows(big, models[big], sizes, dtype)
     print("\n| measure | ours | reference | ratio | floor / note |\n|---|---:|---:|---:|---|")
     for r in ROWS:
         print("| " + " | ".join(r) + " |")
