@@ -55,6 +55,9 @@ def build_models(config: ml_collections.ConfigDict, workdir: Path, spec: RunSpec
                               rngs=nnx.Rngs(seed + 2))
             if config.model.tiny_lora:
                 trigger = apply_lora(trigger, LoraConfig.from_config(config.lora), seed=seed + 2)
+        for model in (backbone, trigger):
+            if model is not None:
+                model.remat = config.policy.get("remat", "none")
         policies = MemoryPolicies(backbone, trigger, pooling=config.policy.pooling,
                                   match_rank=int(config.policy.match_rank),
                                   shared_prefix=bool(config.policy.get("shared_prefix", False)),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,10 @@ from typing import Any
 import ml_collections
 
 CHECKOUT = Path(__file__).resolve().parents[1]  # the repository holding this package (configs/ lives there)
+# Keys added to the config after runs were stored, each with the value that reproduces those runs: a stored config
+# (a workdir's config.json, a results.json's setting) that lacks one reads as holding that value, so adding a
+# key with a behaviour-preserving default leaves earlier runs resumable and their evaluations readable.
+ADDED_KEYS: dict[str, Any] = {"policy.remat": "none"}
 
 
 class ConfigError(ValueError):
@@ -57,6 +62,23 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, A
             if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
                 raise error(f"{what} {key!r}: config has no field {leaf!r}")
             node[leaf] = value
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{'a.b.c': leaf} of a nested JSON object."""
+    if not isinstance(tree, dict) or not tree:
+        return {prefix: tree}
+    return {k: v for key, sub in tree.items() for k, v in flatten(sub, f"{prefix}.{key}" if prefix else key).items()}
+
+
+def config_differences(stored: Mapping[str, Any], current: Mapping[str, Any],
+                       ignore: tuple[str, ...] = ()) -> list[str]:
+    """The dotted keys at which two configs (nested dicts, compared as JSON: tuples and lists alike) differ, a key
+    of ADDED_KEYS that `stored` lacks read as its value; keys starting with an `ignore` prefix are not compared."""
+    old, new = (flatten(json.loads(json.dumps(dict(c), default=str))) for c in (stored, current))
+    old = {**ADDED_KEYS, **old}
+    return sorted(k for k in old.keys() | new.keys()
+                  if old.get(k, "<absent>") != new.get(k, "<absent>") and not k.startswith(ignore))
 
 
 def known_fields(cls: type, values: Mapping[str, Any] | Any | None = None, **overrides: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import ml_collections
 
-from icml_jax.configlib import ConfigError, field_default
+from icml_jax.configlib import ConfigError, config_differences, field_default
 from icml_jax.runspec import RunSpec
 from icml_jax.stages import STAGES
 from icml_jax.workdir import CONFIG_FILE, SYNTHESIS_DIR, config_text
@@ -197,18 +197,9 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: str | os.PathLike
     compared; the number of processes is checked against the checkpoint on restore."""
     path = Path(workdir).expanduser() / CONFIG_FILE
     if path.is_file() and path.read_text(encoding="utf-8") != config_text(config):
-        old, new = (flatten(json.loads(text)) for text in (path.read_text(encoding="utf-8"), config_text(config)))
-        diff = sorted(k for k in old.keys() | new.keys() if old.get(k, "<absent>") != new.get(k, "<absent>")
-                      and not k.startswith(PER_START_KEYS))
+        old, new = (json.loads(text) for text in (path.read_text(encoding="utf-8"), config_text(config)))
+        diff = config_differences(old, new, ignore=PER_START_KEYS)
         if not diff:
             return
         raise ConfigError(f"{workdir} holds a run with another config (differs at {diff[:6]}); resume it with "
                           "the same config or use a new --workdir")
-
-
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """{'a.b.c': leaf} of a nested JSON object."""
-    if not isinstance(tree, dict) or not tree:
-        return {prefix: tree}
-    return {k: v for key, sub in tree.items() for k, v in flatten(sub, f"{prefix}.{key}" if prefix else key).items()}
-

@@ -8,6 +8,7 @@ minutes on an H200); `--smoke` runs every row at toy sizes on any backend (the t
 figures mean nothing.
 
     python scripts/device_check.py [--smoke] [--dtype bfloat16] [--rows backbone,ppo,decisions] [--slots N]
+                                   [--remat full,dots,none]
 """
 
 from __future__ import annotations
@@ -137,24 +138,26 @@ def backbone_rows(name: str, hf: dict, sizes: Sizes, dtype, peak: float) -> None
             "end to end (prefill included)")
 
 
-def policies_on(hf: dict, dtype, rank: int = 8):
-    """MemoryPolicies with LoRA rank `rank` on a random backbone of config `hf`."""
+def policies_on(hf: dict, dtype, rank: int = 8, remat: str = "none"):
+    """MemoryPolicies with LoRA rank `rank` on a random backbone of config `hf` (`remat`: policy.remat)."""
     from icml_jax.agents.policy import MemoryPolicies
     from icml_jax.models.lora import LoraConfig, apply_lora
 
     backbone = apply_lora(Decoder(ModelConfig.from_hf(hf), dtype=dtype, rngs=nnx.Rngs(0)), LoraConfig(rank=rank))
+    backbone.remat = remat
     return MemoryPolicies(backbone, pooling="last", rngs=nnx.Rngs(1))
 
 
-def ppo_row(name: str, hf: dict, sizes: Sizes, dtype, peak: float) -> None:
+def ppo_row(name: str, hf: dict, sizes: Sizes, dtype, peak: float, remat: str = "none") -> None:
     """One PPO update (1 epoch over one minibatch of `sizes.slots` turn slots: Planner rows [slots, length],
-    Trigger rows [slots, candidates, length]) and its model FLOP utilisation."""
+    Trigger rows [slots, candidates, length]) and its model FLOP utilisation; the device's peak memory is the
+    process's so far (run several `remat` rows in the order full, dots, none)."""
     from icml_jax.rl.config import PPOConfig
     from icml_jax.rl.batch import collate, rollout_stats
     from icml_jax.rl.trajectory import PlannerItem, Slot, TriggerItem
     from icml_jax.rl.updater import JointUpdater
 
-    policies = policies_on(hf, dtype)
+    policies = policies_on(hf, dtype, remat=remat)
     config = ModelConfig.from_hf(hf)
     rng = np.random.default_rng(0)
     length, cands = sizes.length, sizes.candidates
@@ -178,7 +181,8 @@ def ppo_row(name: str, hf: dict, sizes: Sizes, dtype, peak: float) -> None:
     peak_bytes = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
     memory = f", peak {peak_bytes / 2**30:.1f} GiB on the device" if peak_bytes else ""
     flops = train_flops(config, sizes.slots * (1 + cands), length, lora_rank=8)
-    row(f"{name} PPO update, {sizes.slots} slots x (1 + {cands}) rows x {length}", f"{seconds * 1e3:.0f} ms",
+    label = "" if remat == "none" else f", remat {remat}"
+    row(f"{name} PPO update, {sizes.slots} slots x (1 + {cands}) rows x {length}{label}", f"{seconds * 1e3:.0f} ms",
         "", "", f"MFU {flops / seconds / peak:.0%} ({flops / 1e12:.2f} TFLOP, LoRA r8{memory})")
 
 
@@ -212,6 +216,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--rows", default="backbone,ppo,decisions", help="which rows to run (comma-separated)")
     parser.add_argument("--slots", type=int, help="PPO minibatch slots (default: Sizes.slots)")
+    parser.add_argument("--remat", default="none",
+                        help="policy.remat of the PPO rows, comma-separated (full,dots,none)")
     args = parser.parse_args()
     dtype = jnp.dtype(args.dtype)
     sizes = SMOKE if args.smoke else Sizes()
@@ -227,8 +233,8 @@ def main() -> None:
     for name, hf in models.items() if "backbone" in wanted else ():
         backbone_rows(name, hf, sizes, dtype, peak)
     big = list(models)[-1]
-    if "ppo" in wanted:
-        ppo_row(big, models[big], sizes, dtype, peak)
+    for remat in args.remat.split(",") if "ppo" in wanted else ():
+        ppo_row(big, models[big], sizes, dtype, peak, remat)
     if "decisions" in wanted:
         decision_rows(big, models[big], sizes, dtype)
     print("\n| measure | ours | reference | ratio | floor / note |\n|---|---:|---:|---:|---|")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from icml_jax.configlib import load_config
+from icml_jax.configlib import ADDED_KEYS, config_differences, load_config
 
 
 def test_loads_by_path_with_arg_and_overrides(tmp_path, monkeypatch):
@@ -27,3 +27,14 @@ def test_a_missing_file_or_override_key_names_it(tmp_path):
         load_config("configs/demo.py", {"learner.update_evry": 2})
     with pytest.raises(ValueError, match="override 'lerner.x': config has no field 'lerner'"):
         load_config("configs/demo.py", {"lerner.x": 2})
+
+
+def test_config_differences_compare_as_json_and_read_added_keys_as_their_defaults():
+    stored = {"a": {"b": (1, 2), "c": "x"}, "policy": {"seed": 0}, "limits": {"n": 1}}
+    current = {"a": {"b": [1, 2], "c": "x"}, "policy": {"seed": 0, **{k.split(".")[1]: v for k, v in ADDED_KEYS.items()
+                                                                    if k.startswith("policy.")}}, "limits": {"n": 2}}
+    assert config_differences(stored, current) == ["limits.n"]
+    assert config_differences(stored, current, ignore=("limits.",)) == []
+    current["policy"]["remat"] = "full"
+    current["a"]["d"] = 3
+    assert config_differences(stored, current, ignore=("limits.",)) == ["a.d", "policy.remat"]

@@ -137,6 +137,20 @@ def test_a_workdir_from_before_the_limits_block_resumes_and_the_limits_may_chang
         job.validate(config, tmp_path)
 
 
+def test_a_workdir_from_before_policy_remat_resumes_only_without_remat(tmp_path):
+    """A key added later with a behaviour-preserving default (configlib.ADDED_KEYS) reads as that default in a
+    config.json that lacks it; any other value is another run."""
+    config = tiny_demo()
+    config.mode = ("synthesize",)
+    old = json.loads(layout.config_text(config))
+    del old["policy"]["remat"]
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    job.validate(config, tmp_path)
+    config.policy.remat = "full"
+    with pytest.raises(job.ConfigError, match=r"differs at \['policy.remat'\]"):
+        job.validate(config, tmp_path)
+
+
 def _bad(**changes) -> ml_collections.ConfigDict:
     config = tiny_demo()
     for path, value in changes.items():

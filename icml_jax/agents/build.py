@@ -13,6 +13,7 @@ from ml_collections.config_dict import placeholder
 
 from icml_jax import parallel
 from icml_jax.agents.policy import HEADS, MemoryPolicies
+from icml_jax.models.decoder import REMAT_POLICIES
 from icml_jax.models.loading import from_pretrained
 from icml_jax.models.lora import LoraConfig, apply_lora
 
@@ -27,6 +28,7 @@ def default_config() -> ml_collections.ConfigDict:
         match_rank=0,  # > 0 adds the bilinear context x memory Trigger score
         shared_prefix=False,  # score the Trigger's candidates against one pass over their shared context (exact;
         suffix_slots=32,  # 2.4-2.8x per decision on CPU, docs/benchmarks.md) with up to this many tokens each
+        remat="none",  # none | dots | full: what an update's backward pass keeps of each layer (less: recomputed)
         seed=0,
     ))
 
@@ -48,10 +50,15 @@ def build_policies(
     lora_cfg = lora if isinstance(lora, LoraConfig) else LoraConfig.from_config(lora)
     dtype = jnp.dtype(cfg.get("dtype", "bfloat16"))
     seed = int(cfg.get("seed", 0))
+    remat = cfg.get("remat", "none")
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"policy.remat={remat!r} is not one of {sorted(REMAT_POLICIES)}")
 
     def backbone(path: str, offset: int):
-        return apply_lora(from_pretrained(path, dtype=dtype, mesh=mesh, rules=rules), lora_cfg, seed=seed + offset,
-                          mesh=mesh, rules=rules)
+        model = apply_lora(from_pretrained(path, dtype=dtype, mesh=mesh, rules=rules), lora_cfg, seed=seed + offset,
+                           mesh=mesh, rules=rules)
+        model.remat = remat
+        return model
 
     planner = backbone(cfg["planner_model"], 0)
     shared = not cfg.get("trigger_model") or cfg["trigger_model"] == cfg["planner_model"]

@@ -19,7 +19,7 @@ from typing import Any
 
 import ml_collections
 
-from icml_jax.configlib import apply_overrides
+from icml_jax.configlib import apply_overrides, config_differences
 
 EVAL_CACHE = "eval_cache.sqlite"
 BASE = "base"
@@ -103,11 +103,6 @@ def full_run(config: ml_collections.ConfigDict, workdir: Path, *, synthesis_from
     return workdir
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Whether two configs are equal as JSON (tuples and lists alike)."""
-    return json.loads(json.dumps(a, default=str)) == json.loads(json.dumps(b, default=str))
-
-
 def read_back(config: ml_collections.ConfigDict, workdir: Path, system: str) -> dict[str, Any] | None:
     """The `<workdir>/eval/results.json` content when it was written for `system` under `config` (the experiments
     block aside), else None."""
@@ -122,7 +117,7 @@ def read_back(config: ml_collections.ConfigDict, workdir: Path, system: str) -> 
     setting.pop("experiments", None)
     current = config.to_dict()
     current.pop("experiments", None)
-    return content if content.get("system") == system and _same(setting, current) else None
+    return content if content.get("system") == system and not config_differences(setting, current) else None
 
 
 def evaluate(config: ml_collections.ConfigDict, workdir: Path, root: Path, *, system: str,

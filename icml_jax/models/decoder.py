@@ -25,6 +25,11 @@ Array = jax.Array
 # MLP_AXIS: a constant named MLP would be shadowed by the MLP class below.)
 EMBED, VOCAB, HEADS, KV_HEADS, HEAD_DIM, MLP_AXIS = "embed", "vocab", "heads", "kv_heads", "head_dim", "mlp"
 LAYERS = "layers"  # the leading axis of every stacked block parameter (replicated by the default rules)
+# What a backward pass keeps of each scanned layer (`Decoder.remat`, the config's `policy.remat`): everything
+# ("none"), only matmul outputs against weights, recomputing attention and the elementwise ops ("dots"), or only
+# the layer's input, recomputing the whole layer ("full"). Gradients are the same; memory and time are not.
+REMAT_POLICIES = {"none": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+                  "full": jax.checkpoint_policies.nothing_saveable}
 
 
 def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], dtype, scale: float) -> nnx.Param:
@@ -255,6 +260,7 @@ class Decoder(nnx.Module):
         # layers [0, frozen_layers) pass no gradient (their parameters, adapters included, and their output are
         # stop-gradient): a backward pass stops at the first trained layer (`LoraConfig.layers` sets it)
         self.frozen_layers = 0
+        self.remat = "none"  # a key of REMAT_POLICIES: what the backward pass keeps of each layer
         if not c.tie_embeddings:
             self.lm_head = _param(rngs, (c.hidden_size, c.vocab_size), (EMBED, VOCAB), dtype, c.hidden_size**-0.5)
 
@@ -366,6 +372,9 @@ class Decoder(nnx.Module):
             cache_kv = None if cache is None else (tuple(ks), tuple(vs))
         else:
             uniform = bool(flags.all() or not flags.any())
+            if self.remat not in REMAT_POLICIES:
+                raise ValueError(f"Decoder.remat={self.remat!r} (policy.remat) is not one of {sorted(REMAT_POLICIES)}")
+            policy = REMAT_POLICIES[self.remat]
 
             def body(carry, xs):
                 x, rest, cache_kv = carry
@@ -380,6 +389,8 @@ class Decoder(nnx.Module):
                                      for a, n in zip(cache_kv, new_kv))
                 return (x, rest, cache_kv), None
 
+            if policy is not None:  # recompute in the backward pass what the policy does not keep
+                body = jax.checkpoint(body, policy=policy, prevent_cse=False)
             cache_kv = None if cache is None else (cache.k, cache.v)
             xs = (params, jnp.asarray(flags), jnp.arange(c.num_layers))
             if 0 < frozen < c.num_layers:  # two scans: the frozen bottom, then the layers a gradient reaches

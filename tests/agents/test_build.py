@@ -42,14 +42,23 @@ def test_shared_backbone_from_config(dirs):
 def test_two_backbones_of_different_families(dirs):
     cfg = default_config()
     cfg.planner_model, cfg.trigger_model, cfg.dtype = str(dirs["qwen3"]), str(dirs["llama"]), "float32"
+    cfg.remat = "dots"
     policies = build_policies(cfg, {"rank": 2, "alpha": 4.0, "dropout": 0.0})
     assert not policies.shared_backbone
     assert policies.planner_backbone.config.family == "qwen3" and policies.trigger_backbone.config.family == "llama"
+    assert policies.planner_backbone.remat == policies.trigger_backbone.remat == "dots"
 
 
 def test_missing_planner_model_is_a_clear_error():
     with pytest.raises(ValueError, match="planner_model"):
         build_policies(default_config())
+
+
+def test_an_unknown_remat_policy_is_an_error_before_any_weight_loads():
+    cfg = default_config()
+    cfg.planner_model, cfg.remat = "/nowhere", "everything"
+    with pytest.raises(ValueError, match=r"policy.remat='everything' is not one of \['dots', 'full', 'none'\]"):
+        build_policies(cfg)
 
 
 def test_base_config_policy_block_follows_model_path():

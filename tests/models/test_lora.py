@@ -324,3 +324,32 @@ def test_models_adapted_alike_share_one_graph_and_one_compilation(checkpoints):
     H.randomize_adapters(second, seed=3)
     a, b = forward(first, ids), forward(second, ids)
     assert len(traces) == 1 and not np.allclose(np.asarray(a), np.asarray(b))  # one program, each model's values
+
+
+def test_remat_keeps_the_gradients_and_saves_the_backward_passs_memory(adapted):
+    model = adapted[1]
+    ids, mask = (jnp.asarray(a) for a in H.token_batch())
+    _, trainable, rest = nnx.split(model, lora.TRAINABLE, ...)
+    grads, temp = {}, {}
+    try:
+        for remat in ("none", "dots", "full"):
+            model.remat = remat
+            graphdef = nnx.graphdef(model)
+
+            def loss(train, graphdef=graphdef):
+                out = nnx.merge(graphdef, train, rest)(ids, attention_mask=mask).logits[:, :-1]
+                return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(out, ids[:, 1:]) * mask[:, 1:])
+
+            grad = jax.jit(jax.grad(loss)).lower(trainable).compile()
+            temp[remat] = grad.memory_analysis().temp_size_in_bytes
+            grads[remat] = jax.tree.leaves(grad(trainable))
+        model.remat = "some"
+        with pytest.raises(ValueError, match="policy.remat"):
+            model(ids)
+    finally:
+        model.remat = "none"
+    for remat in ("dots", "full"):
+        for got, want in zip(grads[remat], grads["none"], strict=True):
+            # float32: the recomputed layers fuse differently (2e-5 of the largest gradient; in float64 equal)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert temp["full"] < temp["dots"] < temp["none"], temp
