@@ -13,7 +13,7 @@ from ml_collections.config_dict import placeholder
 
 from icml_jax import parallel
 from icml_jax.agents.policy import HEADS, MemoryPolicies
-from icml_jax.models.decoder import REMAT_POLICIES
+from icml_jax.models.decoder import remat_policy
 from icml_jax.models.loading import from_pretrained
 from icml_jax.models.lora import LoraConfig, apply_lora
 
@@ -51,8 +51,7 @@ def build_policies(
     dtype = jnp.dtype(cfg.get("dtype", "bfloat16"))
     seed = int(cfg.get("seed", 0))
     remat = cfg.get("remat", "none")
-    if remat not in REMAT_POLICIES:
-        raise ValueError(f"policy.remat={remat!r} is not one of {sorted(REMAT_POLICIES)}")
+    remat_policy(remat)  # an unknown name fails before any weight loads
 
     def backbone(path: str, offset: int):
         model = apply_lora(from_pretrained(path, dtype=dtype, mesh=mesh, rules=rules), lora_cfg, seed=seed + offset,

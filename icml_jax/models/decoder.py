@@ -32,6 +32,13 @@ REMAT_POLICIES = {"none": None, "dots": jax.checkpoint_policies.dots_with_no_bat
                   "full": jax.checkpoint_policies.nothing_saveable}
 
 
+def remat_policy(name: str):
+    """The `jax.checkpoint` policy of `policy.remat` = `name` (None: keep everything); an unknown name is an error."""
+    if name not in REMAT_POLICIES:
+        raise ValueError(f"policy.remat={name!r} is not one of {sorted(REMAT_POLICIES)}")
+    return REMAT_POLICIES[name]
+
+
 def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], dtype, scale: float) -> nnx.Param:
     """A normally initialised parameter tagged with its logical axes."""
     value = (scale * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
@@ -372,9 +379,7 @@ class Decoder(nnx.Module):
             cache_kv = None if cache is None else (tuple(ks), tuple(vs))
         else:
             uniform = bool(flags.all() or not flags.any())
-            if self.remat not in REMAT_POLICIES:
-                raise ValueError(f"Decoder.remat={self.remat!r} (policy.remat) is not one of {sorted(REMAT_POLICIES)}")
-            policy = REMAT_POLICIES[self.remat]
+            policy = remat_policy(self.remat)
 
             def body(carry, xs):
                 x, rest, cache_kv = carry
