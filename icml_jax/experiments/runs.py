@@ -113,11 +113,9 @@ def read_back(config: ml_collections.ConfigDict, workdir: Path, system: str) -> 
     if not done.is_file():
         return None
     content = json.loads(done.read_text(encoding="utf-8"))
-    setting = dict(content["setting"].get("config") or {})
-    setting.pop("experiments", None)
-    current = config.to_dict()
-    current.pop("experiments", None)
-    return content if content.get("system") == system and not config_differences(setting, current) else None
+    setting = content["setting"].get("config") or {}
+    same = not config_differences(setting, config.to_dict(), ignore=("experiments",))
+    return content if content.get("system") == system and same else None
 
 
 def evaluate(config: ml_collections.ConfigDict, workdir: Path, root: Path, *, system: str,

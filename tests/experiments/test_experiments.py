@@ -78,13 +78,15 @@ def test_main_puts_ours_and_every_baseline_in_table_1(workdir):
 
 
 def test_a_scored_run_is_read_back_without_retraining(workdir, tmp_path, monkeypatch):
-    """A workdir that kept only results.json files (another machine's or session's runs) rebuilds the tables; a
-    results file written under another config trains anew."""
+    """A workdir that kept only results.json files (another machine's or session's runs) rebuilds the tables, also
+    when written under another experiments block (which no run reads); one written under another config trains
+    anew."""
     src = workdir / "seed0" / "ours" / "eval" / "results.json"
     dst = tmp_path / "seed0" / "ours" / "eval" / "results.json"
     dst.parent.mkdir(parents=True)
     content = json.loads(src.read_text())
     del content["setting"]["config"]["policy"]["remat"]  # written before the key existed (configlib.ADDED_KEYS)
+    content["setting"]["config"]["experiments"] = {"seeds_of_another_table": [7]}
     dst.write_text(json.dumps(content))
 
     def refuse(*args, **kwargs):
