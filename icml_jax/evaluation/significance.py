@@ -119,13 +119,19 @@ def compare_rows(system: Sequence[Row], baseline: Sequence[Row], *, samples: int
     return out
 
 
+def format_p(p: float) -> str:
+    """A p-value as the tables print it: two decimals, four below 0.01 (10,000 swaps resolve 0.0001; a rounded
+    "0.00" would claim a certainty no finite number of swaps gives)."""
+    return f"p {p:.2f}" if p >= 0.01 else f"p {p:.4f}"
+
+
 def markdown(tests: Mapping[str, Sequence[PairedTest]], baseline: str) -> str:
     """One row per system: each metric's difference from `baseline` and its p-value."""
     metrics = list(dict.fromkeys(t.metric for ts in tests.values() for t in ts))
     lines = [f"| system (minus {baseline}) | " + " | ".join(metrics) + " |", "|---|" + "---:|" * len(metrics)]
     for name, ts in tests.items():
         by = {t.metric: t for t in ts}
-        lines.append(f"| {name} | " + " | ".join(f"{by[m].delta:+.2f} (p {by[m].p_value:.2f})" if m in by else "-"
+        lines.append(f"| {name} | " + " | ".join(f"{by[m].delta:+.2f} ({format_p(by[m].p_value)})" if m in by else "-"
                                                  for m in metrics) + " |")
     return "\n".join(lines)
 
@@ -144,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(markdown(tests, name(args.baseline)))
 
 
-__all__ = ["DEFAULT_SAMPLES", "PER_TARGET", "PairedTest", "bleu_from_stats", "bleu_test", "compare_rows", "markdown",
+__all__ = ["DEFAULT_SAMPLES", "PER_TARGET", "PairedTest", "bleu_from_stats", "bleu_test", "compare_rows", "format_p", "markdown",
            "sentence_bleu_stats", "sign_flip_p_value"]
 
 

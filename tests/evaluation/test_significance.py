@@ -18,6 +18,7 @@ from icml_jax.evaluation.significance import (
     bleu_from_stats,
     bleu_test,
     compare_rows,
+    format_p,
     main,
     sentence_bleu_stats,
     sign_flip_p_value,
@@ -115,3 +116,9 @@ def test_cli_prints_one_row_per_system(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("| system (minus ") and "BLEU-4" in out[0] and len(out) == 3
     assert out[2].startswith(f"| {tmp_path / 'ours'} | +")
+
+
+@pytest.mark.parametrize("p, shown", [(0.8765, "p 0.88"), (0.01, "p 0.01"), (0.0099, "p 0.0099"),
+                                      (0.00042, "p 0.0004"), (1 / 10_001, "p 0.0001")])
+def test_small_p_values_are_never_printed_as_zero(p, shown):
+    assert format_p(p) == shown
