@@ -120,8 +120,8 @@ def compare_rows(system: Sequence[Row], baseline: Sequence[Row], *, samples: int
 
 
 def format_p(p: float) -> str:
-    """A p-value as the tables print it: two decimals, four below 0.01 (10,000 swaps resolve 0.0001; a rounded
-    "0.00" would claim a certainty no finite number of swaps gives)."""
+    """A p-value as the tables print it: two decimals, four below 0.01 (DEFAULT_SAMPLES swaps resolve 0.0001; a
+    rounded "0.00" would claim a certainty no finite number of swaps gives)."""
     return f"p {p:.2f}" if p >= 0.01 else f"p {p:.4f}"
 
 
@@ -150,8 +150,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(markdown(tests, name(args.baseline)))
 
 
-__all__ = ["DEFAULT_SAMPLES", "PER_TARGET", "PairedTest", "bleu_from_stats", "bleu_test", "compare_rows", "format_p", "markdown",
-           "sentence_bleu_stats", "sign_flip_p_value"]
+__all__ = ["DEFAULT_SAMPLES", "PER_TARGET", "PairedTest", "bleu_from_stats", "bleu_test", "compare_rows", "format_p",
+           "markdown", "sentence_bleu_stats", "sign_flip_p_value"]
 
 
 if __name__ == "__main__":
