@@ -2,6 +2,7 @@
 randomization (each target's two replies swapped with probability 1/2, `samples` times). Corpus BLEU-4 is
 rescored from each sentence's sacrebleu statistics; ROUGE-L, BERTScore and the judge's dimensions are per-target
 means, whose test flips the sign of each target's difference. MAUVE (a corpus-level clustering) is not tested.
+Each test also states its power: the targets a paired test needs to detect the observed and the paper's effect.
 
     python -m icml_jax.evaluation.significance --baseline=RUN_A/eval --systems RUN_B/eval RUN_C/eval
 """
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -21,34 +24,81 @@ from icml_jax.evaluation.report import read_targets
 
 DEFAULT_SAMPLES = 10_000
 Row = Mapping[str, Any]
+ALPHA, POWER = 0.05, 0.80  # two-sided level and the power the needed target counts are for
+Z_SUM = NormalDist().inv_cdf(1 - ALPHA / 2) + NormalDist().inv_cdf(POWER)  # 1.95996 + 0.84162 = 2.80159
+
+# metric -> the paper's effect in the same units: its Table 1 (shared/docs/paper_numbers.md), GapChat columns (the
+# data set of these runs), backbone Gemini2.5, Qwen3 ICML-8B (the paper's main row: Table 2's full model) minus
+# "Long Context (1M)" (its baseline without a memory module, as no_memory is here; the notes there say that row
+# equals Table 6's MemoChat row). Judge dimensions (Figure 3) have no values in the text, MAUVE is not tested.
+PAPER_EFFECT: dict[str, float] = {
+    "BLEU-4": round(1.28 - 0.78, 2),  # GC B-4
+    "ROUGE-L": round(10.64 - 10.05, 2),  # GC R-L
+    "BERTScore": round(40.20 - 35.76, 2),  # GC Bert
+}
 
 
 def _judge(dim: str) -> Callable[[Row], float | None]:
     return lambda row: 100.0 * float(row["judge"][dim]) if row.get("judge") else None
 
 
-# metric -> a target row's value in percent (None: the row has none, e.g. a failed verdict)
+# metric -> a target row's value (None: the row has none, e.g. a failed verdict): in percent, except NLL (nats per
+# token) and Memory gain (in the evaluation's own unit)
 PER_TARGET: dict[str, Callable[[Row], float | None]] = {
     "ROUGE-L": lambda row: row.get("rouge_l"),
     "BERTScore": lambda row: row.get("bertscore_f1"),
     **{dim.capitalize(): _judge(dim) for dim in JUDGE_DIMENSIONS},
+    "Memory gain": lambda row: row.get("memory_gain"),
+    "NLL": lambda row: row.get("nll"),
 }
+
+
+def needed_targets(sd: float | None, effect: float | None) -> int | None:
+    """Targets a paired two-sided test at ALPHA needs for POWER against a true mean difference `effect` (normal
+    approximation): ceil((Z_SUM * sd / |effect|)^2), at least 2 (an sd needs two); None where sd or effect is
+    unknown or the effect is 0 (no number of targets detects it)."""
+    if sd is None or effect is None or effect == 0 or not math.isfinite(sd):
+        return None
+    return max(2, math.ceil((Z_SUM * sd / abs(effect)) ** 2))
 
 
 @dataclasses.dataclass(frozen=True)
 class PairedTest:
     """System minus baseline on one metric over `n` shared targets, and the two-sided p-value of that
-    difference under random swaps of each target's pair (small: unlikely to be chance)."""
+    difference under random swaps of each target's pair (small: unlikely to be chance); `sd` is the per-target
+    differences' sample sd (None: unknown, e.g. one target), which sizes the test's power."""
 
     metric: str
     system: float
     baseline: float
     n: int
     p_value: float
+    sd: float | None = None
 
     @property
     def delta(self) -> float:
         return self.system - self.baseline
+
+    @property
+    def paper_effect(self) -> float | None:
+        """The paper's effect on this metric (PAPER_EFFECT; None: the paper reports none)."""
+        return PAPER_EFFECT.get(self.metric)
+
+    @property
+    def needed_observed(self) -> int | None:
+        """Targets needed for POWER if the true difference were the observed one (None: it is 0, or no sd)."""
+        return needed_targets(self.sd, self.delta)
+
+    @property
+    def needed_paper(self) -> int | None:
+        """Targets needed for POWER to detect the paper's effect (None: no paper effect, or no sd)."""
+        return needed_targets(self.sd, self.paper_effect)
+
+    @property
+    def powered(self) -> bool | None:
+        """Whether the `n` targets reach POWER at the paper's effect (None: it cannot be said)."""
+        needed = self.needed_paper
+        return None if needed is None else self.n >= needed
 
 
 def sign_flip_p_value(differences: Sequence[float], *, samples: int = DEFAULT_SAMPLES, seed: int = 0) -> float:
@@ -90,15 +140,19 @@ def bleu_test(system: Sequence[str], baseline: Sequence[str], references: Sequen
     """Corpus BLEU-4 of both and the two-sided approximate-randomization p-value of their difference: each
     sample swaps every target's pair of replies with probability 1/2 and rescores both pseudo-systems from the
     sentences' sufficient statistics. A swap that changes nothing counts as a difference as large as the
-    observed one (sacrebleu's own test counts only larger ones, so two nearly identical systems get p ~ 0)."""
+    observed one (sacrebleu's own test counts only larger ones, so two nearly identical systems get p ~ 0).
+    Its `sd` is estimated from the swaps: a mean of n per-target differences swaps to an sd of rms(d) / sqrt(n),
+    so the swapped differences' sd times sqrt(n) stands in for the per-target sd (approximate: corpus BLEU is no
+    mean, and rms(d) includes the mean difference); per-sentence BLEU differences would size another statistic."""
     a, b = sentence_bleu_stats(system, references), sentence_bleu_stats(baseline, references)
     total_a, total_b = a.sum(0), b.sum(0)
     bleu_a, bleu_b = bleu_from_stats(total_a), bleu_from_stats(total_b)
     swap = np.random.default_rng(seed).random((samples, len(references))) < 0.5
     moved = swap.astype(np.int64) @ (b - a)  # each sample's statistics moved from a's side to b's
-    at_least = sum(abs(bleu_from_stats(total_a + m) - bleu_from_stats(total_b - m)) >= abs(bleu_a - bleu_b) - 1e-9
-                   for m in moved)
-    return PairedTest("BLEU-4", bleu_a, bleu_b, len(references), (1 + at_least) / (1 + samples))
+    swapped = np.array([bleu_from_stats(total_a + m) - bleu_from_stats(total_b - m) for m in moved])
+    at_least = int(np.count_nonzero(np.abs(swapped) >= abs(bleu_a - bleu_b) - 1e-9))
+    return PairedTest("BLEU-4", bleu_a, bleu_b, len(references), (1 + at_least) / (1 + samples),
+                      float(swapped.std() * math.sqrt(len(references))))
 
 
 def compare_rows(system: Sequence[Row], baseline: Sequence[Row], *, samples: int = DEFAULT_SAMPLES,
@@ -115,7 +169,8 @@ def compare_rows(system: Sequence[Row], baseline: Sequence[Row], *, samples: int
             continue
         x, y = np.array(both, dtype=np.float64).T
         out.append(PairedTest(metric, float(x.mean()), float(y.mean()), len(both),
-                              sign_flip_p_value(x - y, samples=samples, seed=seed)))
+                              sign_flip_p_value(x - y, samples=samples, seed=seed),
+                              float(np.std(x - y, ddof=1)) if len(both) > 1 else None))
     return out
 
 
@@ -136,8 +191,40 @@ def markdown(tests: Mapping[str, Sequence[PairedTest]], baseline: str) -> str:
     return "\n".join(lines)
 
 
+def _needed(test: PairedTest, effect: float | None) -> str:
+    """A needed target count as printed: "-" where unknown (no sd or no effect to size), "∞" at a zero effect."""
+    if test.sd is None or effect is None:
+        return "-"
+    needed = needed_targets(test.sd, effect)
+    return "∞" if needed is None else str(needed)
+
+
+def power_line(test: PairedTest) -> str:
+    """One test's power in a sentence, for the docs: its targets, sd and the targets needed at both effects."""
+    sd = "unknown" if test.sd is None else f"{test.sd:.2f}"
+    paper = ("; the paper reports no effect" if test.paper_effect is None else
+             f", {_needed(test, test.paper_effect)} at the paper's {test.paper_effect:.2f}"
+             + {True: " (powered)", False: " (underpowered)", None: ""}[test.powered])
+    return (f"{test.metric}: n {test.n}, sd {sd}; targets needed for {POWER:.0%} power at two-sided alpha {ALPHA}: "
+            f"{_needed(test, test.delta)} at the observed {abs(test.delta):.2f}{paper}")
+
+
+def power_markdown(tests: Mapping[str, Sequence[PairedTest]], baseline: str) -> str:
+    """One row per system: each metric's targets needed for POWER at the observed and the paper's effect, and the
+    targets it has (n): a test with n below the paper's count could miss the paper's effect."""
+    metrics = list(dict.fromkeys(t.metric for ts in tests.values() for t in ts))
+    lines = [f"| targets needed for {POWER:.0%} power (minus {baseline}): observed / paper (n) | " + " | ".join(metrics)
+             + " |", "|---|" + "---:|" * len(metrics)]
+    for name, ts in tests.items():
+        by = {t.metric: t for t in ts}
+        lines.append(f"| {name} | " + " | ".join(
+            f"{_needed(by[m], by[m].delta)} / {_needed(by[m], by[m].paper_effect)} (n {by[m].n})" if m in by else "-"
+            for m in metrics) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Prints the Markdown table of every system against the baseline."""
+    """Prints the Markdown tables of every system against the baseline: differences, then power."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", required=True, help="an evaluation directory (<workdir>/eval)")
     parser.add_argument("--systems", nargs="+", required=True, help="evaluation directories to test against it")
@@ -148,10 +235,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     name = lambda d: str(d).rstrip("/").removesuffix("/eval") or str(d)  # noqa: E731 (the workdir)
     tests = {name(d): compare_rows(read_targets(d), base, samples=args.samples, seed=args.seed) for d in args.systems}
     print(markdown(tests, name(args.baseline)))
+    print()
+    print(power_markdown(tests, name(args.baseline)))
 
 
-__all__ = ["DEFAULT_SAMPLES", "PER_TARGET", "PairedTest", "bleu_from_stats", "bleu_test", "compare_rows", "format_p",
-           "markdown", "sentence_bleu_stats", "sign_flip_p_value"]
+__all__ = ["ALPHA", "DEFAULT_SAMPLES", "PAPER_EFFECT", "PER_TARGET", "POWER", "Z_SUM", "PairedTest", "bleu_from_stats",
+           "bleu_test", "compare_rows", "format_p", "markdown", "needed_targets", "power_line", "power_markdown",
+           "sentence_bleu_stats", "sign_flip_p_value"]
 
 
 if __name__ == "__main__":

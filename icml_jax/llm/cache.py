@@ -27,6 +27,8 @@ from icml_jax.llm.types import (
     LLMBackend,
     LLMRequest,
     LLMResponse,
+    LoglikRequest,
+    LoglikResponse,
     ScoreRequest,
     ScoreResponse,
     TokenUsage,
@@ -228,6 +230,13 @@ class CachedBackend:
         if not callable(getattr(self.backend, "score", None)):
             raise TypeError(f"CachedBackend: the wrapped {self.backend.name} back end cannot score")
         return self.backend.score(requests)
+
+    def loglik(self, requests: Sequence[LoglikRequest]) -> list[LoglikResponse]:
+        """Teacher-forced likelihoods straight from the wrapped back end (not cached: one deterministic forward
+        pass each)."""
+        if not callable(getattr(self.backend, "loglik", None)):
+            raise TypeError(f"CachedBackend: the wrapped {self.backend.name} back end cannot score a continuation")
+        return self.backend.loglik(requests)
 
     @property
     def usage(self) -> TokenUsage:

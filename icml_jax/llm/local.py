@@ -19,6 +19,8 @@ from icml_jax.llm.types import (
     SCORE_LEVELS,
     LLMRequest,
     LLMResponse,
+    LoglikRequest,
+    LoglikResponse,
     ScoreRequest,
     ScoreResponse,
     TokenUsage,
@@ -224,6 +226,46 @@ class LocalBackend:
                 n = int(first_row[i + 1] - first_row[i])
                 probs[first_row[i]:first_row[i + 1]], mass[first_row[i]:first_row[i + 1]] = p[b, :n], m[b, :n]
 
+    def loglik(self, requests: Sequence[LoglikRequest]) -> list[LoglikResponse]:
+        """Each continuation's teacher-forced log-probability after its chat-templated prompt (the assistant's
+        turn opened, as `generate` renders it): prompt and continuation tokenized apart and joined, so the
+        continuation's tokens are the ones scored. Rows are sorted by length, chunked to `max_batch` (rows
+        padded to a power of two) and left-padded to a length bucket; only the last `bucket(longest
+        continuation)` positions reach the vocabulary projection."""
+        from flax import nnx
+
+        from icml_jax.models.sampler import bucket, pad_left
+
+        if not requests:
+            return []
+        templated = bool(getattr(self.tokenizer, "chat_template", None))
+        prompts = [list(self.tokenizer(self._render(r.request), add_special_tokens=not templated)["input_ids"])
+                   for r in requests]
+        conts = [list(self.tokenizer(r.continuation, add_special_tokens=False)["input_ids"]) for r in requests]
+        if not all(prompts):
+            raise ValueError(f"local back end: loglik request {prompts.index([])} renders to no prompt token, so "
+                             "its continuation's first token has nothing to be predicted from")
+        sums = np.zeros(len(requests), np.float64)
+        graphdef, state = nnx.split(self.model)
+        order = sorted((i for i in range(len(requests)) if conts[i]), key=lambda i: len(prompts[i]) + len(conts[i]))
+        for lo in range(0, len(order), self._max_batch):
+            chunk = order[lo:lo + self._max_batch]
+            chunk = chunk + [chunk[-1]] * (_pow2(len(chunk)) - len(chunk))  # extra rows repeat the last
+            rows = [prompts[i] + conts[i] for i in chunk]
+            span = bucket(max(len(conts[i]) for i in chunk), minimum=8)
+            ids, valid = pad_left(rows, bucket(max(span + 1, max(len(r) for r in rows))), self._pad_id())
+            logp = np.asarray(_loglik_program()(graphdef, state, ids, valid, span=span), np.float64)
+            for b, i in enumerate(chunk):
+                sums[i] = logp[b, span - len(conts[i]):].sum()
+        bad = [i for i in order if not np.isfinite(sums[i])]
+        if bad:
+            raise FloatingPointError(f"local back end: non-finite log-likelihood for request {bad[0]} "
+                                     f"(task {requests[bad[0]].request.task!r})")
+        self._meter.add(prompt_tokens=sum(len(p) + len(c) for p, c in zip(prompts, conts)), calls=len(requests),
+                        attempts=len(requests))
+        return [LoglikResponse(logprob=float(sums[i]), tokens=len(conts[i]), prompt_tokens=len(prompts[i]))
+                for i in range(len(requests))]
+
     def _pad_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
@@ -306,6 +348,22 @@ def _shared_prefix_score_program():
         return probs.reshape(b, c, -1), mass.reshape(b, c)
 
     return jax.jit(score_after_prefix, static_argnames=("graphdef",))
+
+
+@functools.cache
+def _loglik_program():
+    """The jitted teacher-forced pass: log-probabilities [rows, span] of each row's last `span` tokens."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    def continuation_logprobs(graphdef, state, tokens, valid, span):
+        model = nnx.merge(graphdef, state)
+        hidden = model(tokens, attention_mask=valid, compute_logits=False).hidden[:, -span - 1:-1]
+        logp = jax.nn.log_softmax(model.logits(hidden).astype(jnp.float32), axis=-1)
+        return jnp.take_along_axis(logp, tokens[:, -span:, None], axis=-1)[..., 0]
+
+    return jax.jit(continuation_logprobs, static_argnames=("graphdef", "span"))
 
 
 def _level_probs(model, hidden, level_ids, level_mask):

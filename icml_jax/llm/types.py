@@ -166,6 +166,37 @@ class ScoreResponse:
     latency_s: float = 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class LoglikRequest:
+    """A teacher-forced likelihood query: how probable `continuation` is as the assistant's answer to `request`."""
+
+    request: LLMRequest
+    continuation: str
+
+
+@dataclasses.dataclass(frozen=True)
+class LoglikResponse:
+    """The summed log-probability (nats) of a continuation's `tokens` tokens after its prompt."""
+
+    logprob: float
+    tokens: int
+    prompt_tokens: int = 0
+
+    @property
+    def nll(self) -> float | None:
+        """Mean negative log-likelihood per continuation token (None for an empty continuation)."""
+        return -self.logprob / self.tokens if self.tokens else None
+
+
+@runtime_checkable
+class LikelihoodBackend(Protocol):
+    """A back end that can score a given continuation by teacher forcing (local models; hosted APIs cannot)."""
+
+    def loglik(self, requests: Sequence[LoglikRequest]) -> list[LoglikResponse]:
+        """One LoglikResponse per request, in order."""
+        ...
+
+
 @runtime_checkable
 class ScoringBackend(Protocol):
     """A back end that can also judge by score-token probabilities (`judge_mode` says whether judges should)."""

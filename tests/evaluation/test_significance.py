@@ -1,11 +1,14 @@
 """Paired significance tests: the rescored BLEU equals sacrebleu's corpus BLEU, the Monte Carlo sign flip agrees
 with exact enumeration, and identical, nearly identical and clearly different systems get the p-values they
-must."""
+must; the targets needed for 80% power match a hand computation and a simulation."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
+import math
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -15,11 +18,17 @@ from hypothesis import strategies as st
 from icml_jax.evaluation.metrics import bleu4
 from icml_jax.evaluation.report import read_targets
 from icml_jax.evaluation.significance import (
+    PAPER_EFFECT,
+    Z_SUM,
+    PairedTest,
     bleu_from_stats,
     bleu_test,
     compare_rows,
     format_p,
     main,
+    needed_targets,
+    power_line,
+    power_markdown,
     sentence_bleu_stats,
     sign_flip_p_value,
 )
@@ -114,11 +123,83 @@ def test_cli_prints_one_row_per_system(tmp_path, capsys):
     main(["--baseline", str(tmp_path / "base" / "eval"), "--systems", str(tmp_path / "ours" / "eval"),
           "--samples", "200"])
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("| system (minus ") and "BLEU-4" in out[0] and len(out) == 3
+    assert out[0].startswith("| system (minus ") and "BLEU-4" in out[0] and len(out) == 3 + 1 + 3
     assert out[2].startswith(f"| {tmp_path / 'ours'} | +")
+    assert out[3] == "" and out[4].startswith("| targets needed for 80% power (minus ") and "BLEU-4" in out[4]
+    assert out[6].startswith(f"| {tmp_path / 'ours'} | ") and "(n 10)" in out[6]
 
 
 @pytest.mark.parametrize("p, shown", [(0.8765, "p 0.88"), (0.01, "p 0.01"), (0.0099, "p 0.0099"),
                                       (0.00042, "p 0.0004"), (1 / 10_001, "p 0.0001")])
 def test_small_p_values_are_never_printed_as_zero(p, shown):
     assert format_p(p) == shown
+
+
+def test_needed_targets_match_a_hand_computation():
+    z = NormalDist()
+    assert z.inv_cdf(0.975) == pytest.approx(1.959964, abs=1e-6) and z.inv_cdf(0.8) == pytest.approx(0.841621, abs=1e-6)
+    assert Z_SUM == pytest.approx(2.801585, abs=1e-6)
+    assert (2.8016 * 9.5 / 4) ** 2 == pytest.approx(44.27, abs=0.01)
+    assert needed_targets(9.5, 4.0) == needed_targets(9.5, -4.0) == 45
+    assert needed_targets(13.2, 4.0) == math.ceil((Z_SUM * 3.3) ** 2) == 86  # the issue's "about 86 targets"
+    assert needed_targets(0.0, 1.0) == 2  # no spread: the sd itself needs two targets
+
+
+def test_a_zero_or_unknown_effect_needs_no_finite_number_of_targets():
+    assert needed_targets(3.0, 0.0) is None and needed_targets(None, 1.0) is None and needed_targets(1.0, None) is None
+    t = PairedTest("NLL", 2.0, 2.0, 28, 1.0, sd=0.5)
+    assert t.needed_observed is None and t.needed_paper is None and t.powered is None
+    assert "∞ at the observed 0.00; the paper reports no effect" in power_line(t)
+
+
+def test_at_the_needed_number_of_targets_the_sign_flip_test_rejects_about_80_percent():
+    n = needed_targets(1.0, 0.5)
+    assert n == 32
+    rng = np.random.default_rng(7)
+    rejected = [sign_flip_p_value(rng.normal(0.5, 1.0, n), samples=500, seed=i) < 0.05 for i in range(300)]
+    assert np.mean(rejected) == pytest.approx(0.80, abs=0.08)
+
+
+def test_the_paper_effects_are_table_1s_gapchat_gaps():
+    assert PAPER_EFFECT == {"BLEU-4": 0.50, "ROUGE-L": 0.59, "BERTScore": 4.44}
+    t = PairedTest("BERTScore", 50.0, 46.0, 28, 0.2, sd=13.2)
+    assert t.needed_observed == 86 and t.needed_paper == 70 and t.powered is False
+    assert dataclasses.replace(t, n=70).powered is True and dataclasses.replace(t, metric="NLL").powered is None
+    assert power_line(t) == ("BERTScore: n 28, sd 13.20; targets needed for 80% power at two-sided alpha 0.05: "
+                             "86 at the observed 4.00, 70 at the paper's 4.44 (underpowered)")
+
+
+def test_compare_rows_fills_sd_and_needed_targets_for_every_metric_including_memory_gain_and_nll():
+    ours, base = _rows(BLAND, 0.75), _rows(BLAND, 0.25)
+    for i, (a, b) in enumerate(zip(ours, base)):
+        a["bertscore_f1"] = 50.0 + 3.0 * (i % 4)
+        a["memory_gain"], b["memory_gain"] = float(i % 3), 0.0
+        a["nll"], b["nll"] = 2.0 + 0.1 * i, 2.1 + 0.1 * i + 0.3 * (i % 2)
+    tests = {t.metric: t for t in compare_rows(ours, base, samples=500)}
+    for metric, diff in (("BERTScore", 3.0 * (np.arange(10) % 4)), ("Memory gain", np.arange(10) % 3.0),
+                         ("NLL", -0.1 - 0.3 * (np.arange(10) % 2))):
+        t = tests[metric]
+        assert t.n == 10 and t.delta == pytest.approx(diff.mean())
+        assert t.sd == pytest.approx(diff.std(ddof=1))
+        assert t.needed_observed == math.ceil((Z_SUM * diff.std(ddof=1) / abs(diff.mean())) ** 2) > 2
+    assert tests["BERTScore"].needed_paper == math.ceil((Z_SUM * tests["BERTScore"].sd / 4.44) ** 2)
+    assert tests["Memory gain"].needed_paper is None and tests["NLL"].powered is None
+    assert tests["ROUGE-L"].sd == 0.0 and tests["ROUGE-L"].needed_observed is None  # identical: a zero effect
+    assert tests["Consistency"].sd == 0.0 and tests["Consistency"].needed_observed == 2
+    bleu = tests["BLEU-4"]  # identical replies: every swap changes nothing
+    assert bleu.sd == 0.0 and bleu.needed_observed is None and bleu.needed_paper == 2 and bleu.powered is True
+    table = power_markdown({"ours": list(tests.values())}, "base").splitlines()
+    assert table[0].startswith("| targets needed for 80% power (minus base): observed / paper (n) | BLEU-4 |")
+    header, row = ([c.strip() for c in line.strip("|").split("|")][1:] for line in (table[0], table[2]))
+    cells = dict(zip(header, row, strict=True))
+    assert cells["BLEU-4"] == "∞ / 2 (n 10)" and cells["Consistency"] == "2 / - (n 9)"
+    assert cells["NLL"] == f"{tests['NLL'].needed_observed} / - (n 10)"
+
+
+def test_bleus_sd_from_the_swaps_is_the_per_target_spread():
+    t = bleu_test(REFERENCES, BLAND, REFERENCES, samples=2000, seed=1)
+    assert t.sd > 0 and t.needed_observed is not None and t.needed_paper > t.needed_observed
+    # for a mean of per-target differences the same estimate is their root mean square
+    d = np.random.default_rng(0).normal(1.0, 3.0, 40)
+    signs = np.random.default_rng(1).choice([-1.0, 1.0], size=(20_000, d.size))
+    assert (signs @ d / d.size).std() * math.sqrt(d.size) == pytest.approx(np.sqrt(np.mean(d**2)), rel=0.02)

@@ -123,3 +123,35 @@ def test_generate_each_answers_as_generate(model_dir):
     texts = lambda out: [(r.text, r.prompt_tokens, r.output_tokens) for r in out]  # noqa: E731 - not latency
     assert texts(generate_each(backend, requests)) == texts(backend.generate(requests))
     assert backend.usage.calls == 4
+
+
+def test_loglik_matches_transformers_loss_on_the_same_prompts(model_dir):
+    """Teacher-forced continuation log-likelihoods equal transformers' causal-LM loss (labels on the
+    continuation only) times its length, in mixed-length batches split across chunks; an empty continuation
+    scores 0 over 0 tokens."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from icml_jax.llm.types import LoglikRequest
+
+    backend = make_backend({"kind": "local", "model_dir": str(model_dir), "dtype": "float32", "max_batch": 2})
+    asks = [LoglikRequest(LLMRequest("hello how are you", system="be brief"), "i like my dog"),
+            LoglikRequest(LLMRequest("what do you eat"), "my dog is big and i like how you are"),
+            LoglikRequest(LLMRequest("i like my dog"), ""),
+            LoglikRequest(LLMRequest("how are you"), "hello")]
+    got = backend.loglik(asks)
+    assert got[2].tokens == 0 and got[2].logprob == 0.0 and got[2].nll is None
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    tok = load_tokenizer(model_dir)
+    for ask, answer in zip(asks, got):
+        if not ask.continuation:
+            continue
+        prompt = tok(backend._render(ask.request), add_special_tokens=False)["input_ids"]
+        cont = tok(ask.continuation, add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([prompt + cont])
+        labels = torch.tensor([[-100] * len(prompt) + cont])
+        with torch.no_grad():
+            loss = float(hf(input_ids=ids, labels=labels).loss)
+        assert answer.tokens == len(cont) and answer.prompt_tokens == len(prompt)
+        np.testing.assert_allclose(answer.nll, loss, rtol=2e-5, atol=2e-5)
