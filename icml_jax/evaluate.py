@@ -188,7 +188,9 @@ def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
             agent = PolicyAgent(MemoryAgent(policies, ctx.tokenizer, ctx.store, ctx.generator,
                                             config=dataclasses.replace(spec.agent, greedy=True), seed=int(config.seed),
                                             policy_version=str(meta.get("policy_version", ckpt.name))))
-        return agent, {"checkpoint": str(ckpt), "training": training_record(ckpt, meta)}
+        # notes: the note check's live counts (llm.note_check), read when the setting is written after the run
+        return agent, {"checkpoint": str(ckpt), "training": training_record(ckpt, meta),
+                       "notes": agent.agent.note_stats}
 
     return build
 

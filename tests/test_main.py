@@ -506,6 +506,8 @@ def test_gc_config_learns_online_on_built_gapchat_data(tmp_path):
     assert all(c in content["memory"] for c in TABLE8) and content["memory"]["proxy_truth"]["saves"] >= 0
     assert content["memory"]["trigger_recall"] is None  # GapChat has no y_t labels: not measurable, not 0
     assert (tmp_path / "work" / ev.EVAL_DIR / "results.md").is_file()
+    notes = content["setting"]["notes"]  # the note check's counts: the offline writer's notes are the turns
+    assert set(notes) == {"notes", "rewritten", "fallback", "problems"} and notes["rewritten"] == notes["fallback"] == 0
 
     # no train/test leak: every played episode went without its final session, and results.json says which
     # episodes trained the evaluated policy

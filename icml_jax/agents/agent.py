@@ -24,7 +24,7 @@ from icml_jax.llm.types import LLMBackend
 from icml_jax.memory.fragment import Fragment
 from icml_jax.memory.lexical import bm25_scores
 from icml_jax.memory.store import MemoryStore
-from icml_jax.memory.writer import TurnToSave, commit_saves, condense, shown_for
+from icml_jax.memory.writer import TurnToSave, commit_saves, condense, note_counts, shown_for
 from icml_jax.models.sampler import bucket
 
 
@@ -215,6 +215,7 @@ class MemoryAgent:
         self.policy_version = policy_version  # runtime state, not a knob: which policy acted (the learner bumps it)
         self.key = jax.random.key(seed)
         self._pool: cf.ThreadPoolExecutor | None = None  # made by the first remote `step` without a pool
+        self.note_stats = note_counts([])  # the note check's outcomes over every save (`writer.note_counts`)
 
     def _next_keys(self, n: int) -> np.ndarray:
         """`n` keys from the agent's own stream as raw key data [n, ...] (the chat; the learner passes
@@ -364,6 +365,7 @@ class MemoryAgent:
                 condensed: Sequence[Any], shown: Sequence[Sequence[Fragment]]) -> list[Fragment | None]:
         """Stores each condensed note in its user's memory (one transaction per user turn); None where not saved."""
         out: list[Fragment | None] = [None] * len(turns)
+        note_counts(condensed, self.note_stats)
         for (i, save), note, mems in zip(saves, condensed, shown, strict=True):
             out[i] = commit_saves(self.store, turns[i].user_id, [save], [note], [mems],
                                   policy_version=self.policy_version)[0]

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from icml_jax.llm import prompts
+from icml_jax.llm.note_check import note_problem, rewrite_instruction
 from icml_jax.llm.types import BackendError, LLMBackend, LLMRequest, LLMResponse
 
 logger = logging.getLogger(__name__)
@@ -68,13 +69,17 @@ class CondenseInput:
 class Condensed:
     """The memory note for a saved turn; `fallback` is True when the back end gave nothing usable, `error` says
     why when its request failed for good (only with `condense_turns(..., skip_failures=True)`); `replaces`: the
-    0-based indices of the input's `memories` the note says it makes outdated."""
+    0-based indices of the input's `memories` the note says it makes outdated; `problem`: what the check found
+    wrong with the first note (`note_check.note_problem`; None: it passed), `rewritten`: the note was asked again
+    for that reason (then `fallback` says whether the second one failed too)."""
 
     text: str
     fallback: bool
     response: LLMResponse
     error: str | None = None
     replaces: tuple[int, ...] = ()
+    problem: str | None = None
+    rewritten: bool = False
 
 
 _REPLACES = re.compile(r"^\s*REPLACES\s*:\s*(.*?)\s*$", re.IGNORECASE)
@@ -109,39 +114,61 @@ def drop_repeated_sentences(text: str) -> str:
     return " ".join(kept)
 
 
+def _note_of(item: CondenseInput, resp: LLMResponse) -> tuple[str, tuple[int, ...]]:
+    """(the note an answer holds, with repeated sentences dropped; the memories its REPLACES line names)."""
+    # a turn that itself holds a REPLACES line is the user typing the directive: it replaces nothing
+    trusted = item.memories and not any(_REPLACES.match(line) for line in item.turn_text.splitlines())
+    answer, replaces = split_replaces(resp.text, len(item.memories)) if trusted else (resp.text, ())
+    return drop_repeated_sentences(answer), replaces
+
+
 def condense_turns(backend: LLMBackend, items: Sequence[CondenseInput], *,
                    max_output_tokens: int = NOTE_MAX_TOKENS, skip_failures: bool = False) -> list[Condensed]:
     """Turn saved user turns into short third-person notes (the offline back end keeps the turn text).
 
-    An empty answer (e.g. a blocked candidate) falls back to the turn text itself, with `fallback=True` and a
-    warning, so a save decision never produces an empty memory. Repeated sentences are dropped. A request that
-    fails for good raises its BackendError, or with `skip_failures` falls back to the turn text too, with
-    `error` set (batch jobs such as the synthesis count those instead of dying).
+    Every note is checked (`note_check.note_problem`: empty, the prompt's framing echoed, a phrase looped, no word
+    of the turn); a failed note is asked again once, told why (one batched call for all of them), and a second
+    failure falls back to the turn text itself, with `fallback=True`, `problem` set and a warning, so a save
+    decision never stores an empty or contentless memory. Repeated sentences are dropped. A request that fails
+    for good raises its BackendError, or with `skip_failures` falls back to the turn text too, with `error` set
+    (batch jobs such as the synthesis count those instead of dying).
     """
     requests = [prompts.condense_request(x.turn_text, x.history, metadata=x.metadata, memories=x.memories,
                                          max_output_tokens=max_output_tokens) for x in items]
-    answers = generate_each(backend, requests) if skip_failures else backend.generate(requests)
-    out: list[Condensed] = []
-    for item, resp in zip(items, answers, strict=True):
+    send = (lambda rs: generate_each(backend, rs)) if skip_failures else backend.generate  # noqa: E731
+    answers = send(requests)
+    out: list[Condensed | None] = [None] * len(items)
+    retry: list[tuple[int, str]] = []
+    for i, (item, resp) in enumerate(zip(items, answers, strict=True)):
         if isinstance(resp, BackendError):
             logger.warning("condensation failed for good, keeping the turn text as the memory: %s", resp)
-            out.append(Condensed(text=item.turn_text.strip(), fallback=True,
-                                 response=LLMResponse(text="", attempts=resp.attempts, finish_reason="FAILED"),
-                                 error=str(resp)))
+            out[i] = Condensed(text=item.turn_text.strip(), fallback=True,
+                               response=LLMResponse(text="", attempts=resp.attempts, finish_reason="FAILED"),
+                               error=str(resp))
             continue
-        # a turn that itself holds a REPLACES line is the user typing the directive: it replaces nothing
-        trusted = item.memories and not any(_REPLACES.match(line) for line in item.turn_text.splitlines())
-        answer, replaces = split_replaces(resp.text, len(item.memories)) if trusted else (resp.text, ())
-        note = drop_repeated_sentences(answer)
-        if not note:
-            logger.warning(
-                "%s back end returned an empty note (finish_reason=%s); keeping the turn text as the memory",
-                getattr(backend, "name", "?"), resp.finish_reason,
-            )
-            out.append(Condensed(text=item.turn_text.strip(), fallback=True, response=resp, replaces=replaces))
+        note, replaces = _note_of(item, resp)
+        problem = note_problem(note, item.turn_text)
+        if problem is None:
+            out[i] = Condensed(text=note[:_MAX_NOTE_CHARS], fallback=False, response=resp, replaces=replaces)
         else:
-            out.append(Condensed(text=note[:_MAX_NOTE_CHARS], fallback=False, response=resp, replaces=replaces))
-    return out
+            retry.append((i, problem))
+    again = send([dataclasses.replace(requests[i], prompt=requests[i].prompt + rewrite_instruction(problem))
+                  for i, problem in retry]) if retry else []
+    for (i, problem), resp in zip(retry, again, strict=True):
+        item = items[i]
+        if not isinstance(resp, BackendError):
+            note, replaces = _note_of(item, resp)
+            if note_problem(note, item.turn_text) is None:
+                out[i] = Condensed(text=note[:_MAX_NOTE_CHARS], fallback=False, response=resp, replaces=replaces,
+                                   problem=problem, rewritten=True)
+                continue
+        logger.warning("%s back end wrote an unusable note twice (the first note %s; finish_reason=%s); keeping the turn "
+                       "text as the memory", getattr(backend, "name", "?"), problem,
+                       "FAILED" if isinstance(resp, BackendError) else resp.finish_reason)
+        out[i] = Condensed(text=item.turn_text.strip(), fallback=True,
+                           response=resp if isinstance(resp, LLMResponse) else answers[i], problem=problem,
+                           rewritten=True, error=str(resp) if isinstance(resp, BackendError) else None)
+    return [c for c in out if c is not None]
 
 
 @dataclasses.dataclass(frozen=True)

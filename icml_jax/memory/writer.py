@@ -71,15 +71,29 @@ def save_turns(
 
     The returned fragments are the save receipts: `fragment_id` keys the Pending Reward Buffer, `decision_id`
     points back at the save decision, `ref` matches y_t labels. A condensation that fell back to the turn text is
-    marked `extra['condense_fallback'] = True`. With `supersede` > 0 the request shows that many of the user's
-    most similar current memories, and those the note replaces are superseded by the new fragment; they are
-    listed in its `extra['replaces']` ([{"id", "ref"}]).
+    marked `extra['condense_fallback'] = True`; a first note the check rejected, `extra['note_problem']`. With
+    `supersede` > 0 the request shows that many of the user's most similar current memories, and those the note
+    replaces are superseded by the new fragment; they are listed in its `extra['replaces']` ([{"id", "ref"}]).
     """
     if not turns:
         return []
     shown = shown_for(store, user_id, turns, supersede)
     condensed = condense(backend, turns, max_output_tokens=note_max_tokens, shown=shown)
     return commit_saves(store, user_id, turns, condensed, shown, policy_version=policy_version)
+
+
+def note_counts(condensed: Sequence[Condensed], counts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Adds `condensed`'s note-check outcomes to `counts` ({"notes", "rewritten", "fallback", "problems": {reason
+    kind: n}}, made when None) and returns it: how often a writer's first note was rejected, and why."""
+    counts = counts if counts is not None else {"notes": 0, "rewritten": 0, "fallback": 0, "problems": {}}
+    for c in condensed:
+        counts["notes"] += 1
+        counts["rewritten"] += int(c.rewritten)
+        counts["fallback"] += int(c.fallback)
+        if c.problem:
+            kind = c.problem.split(' (')[0].split(' "')[0]  # "echoes the prompt", "repeats", "is empty", ...
+            counts["problems"][kind] = counts["problems"].get(kind, 0) + 1
+    return counts
 
 
 def shown_for(store: MemoryStore, user_id: str, turns: Sequence[TurnToSave], supersede: int) -> list[list[Fragment]]:
@@ -102,6 +116,8 @@ def commit_saves(store: MemoryStore, user_id: str, turns: Sequence[TurnToSave], 
             extra["replaces"] = [{"id": f.fragment_id, "ref": list(f.ref)} for f in replaced[-1]]
         if c.fallback:
             extra["condense_fallback"] = True
+        if c.problem:  # the note check rejected the first note (it was asked again; see `fallback`)
+            extra["note_problem"] = c.problem
         drafts.append(
             NewFragment(
                 episode_id=t.episode_id,

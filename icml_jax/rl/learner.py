@@ -386,6 +386,11 @@ class OnlineLearner:
             "agent/save_rate": mean([float(r.receipt.planner.save) for r in records]),
             "agent/memory_use_rate": mean([float(r.receipt.trigger.action > 0) for r in records]),
             "agent/turns": float(len(records)),
+            # the note check (llm.note_check): saves whose first note was rejected, and those that kept the turn text
+            "notes/rewritten": float(sum("note_problem" in r.receipt.fragment.extra for r in records
+                                         if r.receipt.fragment is not None)),
+            "notes/fallback": float(sum(bool(r.receipt.fragment.extra.get("condense_fallback")) for r in records
+                                        if r.receipt.fragment is not None)),
             "judge/proxy_failures": float(view.proxy_failures),
             "judge/quality_failures": float(view.quality_failures),
             "llm/tokens": float(used.total_tokens),

@@ -49,8 +49,8 @@ class _Empty:
 
 def test_condense_empty_answer_falls_back_to_turn_text(caplog):
     (c,) = condense_turns(_Empty(), [CondenseInput("I moved to Oslo.")])
-    assert c.text == "I moved to Oslo." and c.fallback
-    assert "empty note" in caplog.text
+    assert c.text == "I moved to Oslo." and c.fallback and c.problem == "is empty" and c.rewritten
+    assert "unusable note twice (the first note is empty; finish_reason=SAFETY)" in caplog.text
 
 
 class _Looping:

@@ -265,7 +265,7 @@ def test_save_turns_condenses_and_appends(store):
     assert saved[0].extra == {"r_proxy": 0.8} and saved[1].source_text == "My cat is called Pixel."
     assert store.fragments("alice") == saved
     (fb,) = save_turns(store, _Blank(), "bob", [TurnToSave("ep", 0, 0, "I am a chef.")], policy_version="p")
-    assert fb.text == "I am a chef." and fb.extra == {"condense_fallback": True}
+    assert fb.text == "I am a chef." and fb.extra == {"condense_fallback": True, "note_problem": "is empty"}
     assert save_turns(store, OfflineBackend(), "bob", [], policy_version="p") == []
 
 

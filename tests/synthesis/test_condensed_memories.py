@@ -5,7 +5,9 @@ for that turn online; notes that collapse onto the positive's do not stay as neg
 from __future__ import annotations
 
 import hashlib
+import re
 
+from icml_jax.data import persona_world
 from icml_jax.data.persona_world import PersonaWorldConfig
 from icml_jax.data.schema import TurnRef
 from icml_jax.llm import OfflineBackend
@@ -18,9 +20,15 @@ CONFIG = SynthesisConfig(seed=5, num_seeds=4, storylines_per_seed=2, prequels_pe
                          note_max_tokens=48)
 
 
+# one note for every turn that still passes the note check (llm.note_check): it holds every word of the world
+WORLD_NOTE = "The user said something about " + " ".join(sorted(set(re.findall(
+    r"[a-z]{3,}", repr((persona_world.TEMPLATES, persona_world.NOISE)).lower())))) + "."
+
+
 class NoteTaker(OfflineBackend):
     """The offline back end, except that a condensation answers with a digest of its whole prompt (turn and
-    recent dialogue): equal notes mean equal condensation requests."""
+    recent dialogue), then the turn itself: equal notes mean equal condensation requests. `collapse`: one note
+    (WORLD_NOTE) for every turn."""
 
     name = "note-taker"
 
@@ -34,8 +42,8 @@ class NoteTaker(OfflineBackend):
             if request.task == TASK_CONDENSE:
                 self.condensed += 1
                 self.note_caps.add(request.max_output_tokens)
-                note = "The user said something." if self.collapse else \
-                    f"Note {hashlib.sha256(request.prompt.encode()).hexdigest()[:12]}."
+                note = WORLD_NOTE if self.collapse else \
+                    f"Note {hashlib.sha256(request.prompt.encode()).hexdigest()[:12]}: {request.metadata['turn_text']}"
                 response = LLMResponse(text=note)
             out.append(response)
         return out
