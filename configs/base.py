@@ -129,6 +129,9 @@ def get_config() -> ml_collections.ConfigDict:
         mauve_model=placeholder(str),  # local Llama / Qwen2 / Qwen3 / Gemma3 dir whose last-token final hidden states
         # feed MAUVE (GPT-2, the paper's featurizer, does not load: magnitudes are not the paper's); None: skipped
         mauve_max_length=256,
+        reply_temperature=placeholder(float),  # the target replies' temperature (0: greedy); None: each system's
+        # own learner.reply_temperature (sampled, as the paper)
+        memory_gain=True,  # score each target's memory gain and NLL with the generator where it can (local back end)
         prices={},  # optional cost estimate: {"generator": {"input": USD, "output": USD} per 1M tokens, "judge": ...}
     ))
     config.baselines = ml_collections.ConfigDict(dict(  # icml_jax.baselines (Table 1's other systems); written out

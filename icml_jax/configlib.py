@@ -17,7 +17,9 @@ CHECKOUT = Path(__file__).resolve().parents[1]  # the repository holding this pa
 # Keys added to the config after runs were stored, each with the value that reproduces those runs: a stored config
 # (a workdir's config.json, a results.json's setting) that lacks one reads as holding that value, so adding a
 # key with a behaviour-preserving default leaves earlier runs resumable and their evaluations readable.
-ADDED_KEYS: dict[str, Any] = {"policy.remat": "none"}
+ADDED_KEYS: dict[str, Any] = {"policy.remat": "none", "eval.reply_temperature": None, "eval.memory_gain": False,
+                              "rl.reward.source": "judge", "rl.reward.likelihood_scale": 0.1,
+                              "rl.reward.likelihood_later_turns": 2}
 
 
 class ConfigError(ValueError):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,36 @@ def _model_scores(config: ml_collections.ConfigDict, rows: list[dict[str, Any]])
     return out
 
 
+def _reply_temperature(config: ml_collections.ConfigDict) -> float:
+    """The temperature the target replies were written at (eval.reply_temperature, else learner's)."""
+    from icml_jax.agents.agent import AgentConfig
+    from icml_jax.configlib import field_default
+    from icml_jax.evaluation.protocol import reply_temperature
+
+    own = reply_temperature(config)
+    learner = config.get("learner") or {}
+    return own if own is not None else float(learner.get("reply_temperature",
+                                                         field_default(AgentConfig, "reply_temperature")))
+
+
+def _memory_gain(config: ml_collections.ConfigDict, generator, results, episodes) -> dict[str, Any]:
+    """Scores every target row's memory gain and NLL with the generator (`evaluation.memory_gain`) when
+    `eval.memory_gain` is on and the generator can score a continuation; returns what the setting records."""
+    from icml_jax.evaluation.memory_gain import can_score, score_rows
+
+    if not bool((config.get("eval") or {}).get("memory_gain", True)):
+        return {"computed": False, "reason": "eval.memory_gain is off"}
+    if not can_score(generator):
+        return {"computed": False, "reason": f"the {config.llm.generator.kind} generator cannot score a given "
+                                             "continuation (only the local back end can)"}
+    rows = [row for r in results for row in r.targets]
+    start = time.perf_counter()
+    score_rows(generator, rows, {e.episode_id: e for e in episodes})
+    return {"computed": True, "model": config.llm.generator.get("model_dir"), "targets": len(rows),
+            "seconds": round(time.perf_counter() - start, 2),
+            "unit": "nats per reference token: log p(gold | prompt with the memory) - log p(gold | prompt without)"}
+
+
 def _usage(backend, turns: int, prices: Any) -> dict[str, Any]:
     """A back end's calls and tokens over the evaluation (cached answers included: the cost of one run), per
     turn the agent acted on or answered, and the estimated cost when `prices` = {"input": USD, "output": USD}
@@ -164,9 +195,9 @@ def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
         from icml_jax.agents.agent import MemoryAgent
         from icml_jax.builders import build_models
         from icml_jax.chat import find_checkpoint
-        from icml_jax.evaluation.protocol import LearningAgent, PolicyAgent
-        from icml_jax.llm.judges import ProxyJudge, QualityJudge
+        from icml_jax.evaluation.protocol import LearningAgent, PolicyAgent, reply_temperature
         from icml_jax.rl.learner import OnlineLearner
+        from icml_jax.rl.likelihood import reward_judges
         from icml_jax.runspec import RunSpec
         from icml_jax.checkpoint import load_warmup
         from icml_jax.evaluation.leakage import training_record
@@ -180,14 +211,17 @@ def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
         if bool((config.get("eval") or {}).get("learn", False)):  # Algorithm 1 on the history sessions
             if ctx.judge is None:
                 raise ValueError("eval.learn needs the judge (eval.judge) for the online rewards")
-            learner = OnlineLearner(policies, ctx.tokenizer, ctx.store, ctx.generator,
-                                    proxy_judge=ProxyJudge(ctx.judge), quality_judge=QualityJudge(ctx.judge),
-                                    config=spec.learner)
-            agent = LearningAgent(learner)
+            reward = spec.learner.reward
+            proxy_judge, quality_judge = reward_judges(reward.source, judge=ctx.judge, generator=ctx.generator,
+                                                       scale=reward.likelihood_scale)
+            learner = OnlineLearner(policies, ctx.tokenizer, ctx.store, ctx.generator, proxy_judge=proxy_judge,
+                                    quality_judge=quality_judge, config=spec.learner)
+            agent = LearningAgent(learner, temperature=reply_temperature(config))
         else:
             agent = PolicyAgent(MemoryAgent(policies, ctx.tokenizer, ctx.store, ctx.generator,
                                             config=dataclasses.replace(spec.agent, greedy=True), seed=int(config.seed),
-                                            policy_version=str(meta.get("policy_version", ckpt.name))))
+                                            policy_version=str(meta.get("policy_version", ckpt.name))),
+                                temperature=reply_temperature(config))
         # notes: the note check's live counts (llm.note_check), read when the setting is written after the run
         return agent, {"checkpoint": str(ckpt), "training": training_record(ckpt, meta),
                        "notes": agent.agent.note_stats}
@@ -261,6 +295,7 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
                            failures=failed, usage=lambda: generator.answered)
         _check_failures(config, "episodes (a reply or memory request)", failed or [], len(episodes), cache.path,
                         "episode_id")
+        gain_setting = _memory_gain(config, generator_backend, results, episodes)
         correlation = None
         if judge_backend is not None:  # a judge request that fails for good is a recorded judge failure
             judge_targets(QualityJudge(judge_backend, backend_failures="record"), results, episodes)
@@ -292,12 +327,13 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
                **provenance, "generator": config.llm.generator.to_dict(), "seed": int(config.seed),
                "judge": (f"{judge_block.get('kind')} (an oracle: it reads the data's labels)"
                          if judge_block and judge_block.get("kind") == "offline" else judge_block),
-               "greedy": True, "learning": {"online": learn, "updates": len(getattr(agent, "updates", []))},
+               "greedy": True, "reply_temperature": _reply_temperature(config), "learning": {"online": learn, "updates": len(getattr(agent, "updates", []))},
                "backend_requests": {"sent": sum(b.misses for b in backends),
                                     "from_cache": sum(b.hits for b in backends)},
                "llm_usage": llm_usage,
                "failed_episodes": failed or [],  # skipped: a back-end request failed for good (their ids, why)
                "model_metrics": {name: score.details for name, score in model_scores.items()},  # model, layer
+               "memory_gain": gain_setting,
                "versions": _versions(), "config": config.to_dict()}
     content = write_outputs(out_dir, results, system, setting, model_scores,
                             memory_extra={"proxy_truth": correlation} if correlation else None)

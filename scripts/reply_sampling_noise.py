@@ -1,11 +1,12 @@
 """How far one evaluation row moves when only the replies' sampling draw changes: a system evaluated (run seed 0)
-under several `llm.generator.seed` values of the local back end, whose sampled replies (temperature
-`learner.reply_temperature`) are keyed by that seed and the request. Prompts, memories and the judge are the same
-in every run, so the spread is the reply-sampling noise of a row: gaps between systems smaller than it are not
-evidence. Prints each draw's metrics and their mean, sample sd and range.
+under several `llm.generator.seed` values of the local back end, whose sampled replies are keyed by that seed and
+the request. Prompts, memories and the judge are the same in every run, so the spread is the reply-sampling noise
+of a row: gaps between systems smaller than it are not evidence. `--reply_temperature` sets the target replies'
+temperature (`eval.reply_temperature`; default: the config's, e.g. 0 = greedy in configs/gc_smollm2.py, where
+every draw must be the same). Prints each draw's metrics and their mean, sample sd and range.
 
     python scripts/reply_sampling_noise.py --config=configs/gc_smollm2.py --data_dir=/tmp/tfds \
-        --workdir=/tmp/sampling_noise --system=no_memory --generator_seeds 0 1 2 3 4
+        --workdir=/tmp/sampling_noise --system=no_memory --generator_seeds 0 1 2 3 4 --reply_temperature=0.7
 """
 
 from __future__ import annotations
@@ -20,9 +21,14 @@ from icml_jax.experiments import catalog
 from icml_jax.experiments.tables import metrics_of
 
 
-def draw(config_path: str, data_dir: str, root: Path, system: str, generator_seed: int) -> dict[str, float]:
-    """The system's metrics at run seed 0 with the generator's sampling seed `generator_seed`."""
-    config = load_config(config_path, {"data.data_dir": data_dir})
+def draw(config_path: str, data_dir: str, root: Path, system: str, generator_seed: int,
+         reply_temperature: float | None = None) -> dict[str, float]:
+    """The system's metrics at run seed 0 with the generator's sampling seed `generator_seed` (and the target
+    replies at `reply_temperature`, when given)."""
+    overrides = {"data.data_dir": data_dir}
+    if reply_temperature is not None:
+        overrides["eval.reply_temperature"] = reply_temperature
+    config = load_config(config_path, overrides)
     if config.llm.generator.kind != "local":
         raise SystemExit(f"{config_path}: llm.generator.kind is {config.llm.generator.kind!r}; only the local back "
                          "end takes a sampling seed")
@@ -39,10 +45,13 @@ def main() -> None:
     parser.add_argument("--workdir", required=True, type=Path)
     parser.add_argument("--system", default="no_memory", help="a baseline name of the experiments' catalog")
     parser.add_argument("--generator_seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--reply_temperature", type=float, default=None,
+                        help="eval.reply_temperature for the target replies (default: the config's)")
     args = parser.parse_args()
     if len(args.generator_seeds) < 2:
         parser.error("--generator_seeds needs at least two seeds for a spread")
-    rows = {s: draw(args.config, args.data_dir, args.workdir, args.system, s) for s in args.generator_seeds}
+    rows = {s: draw(args.config, args.data_dir, args.workdir / f"t{args.reply_temperature}", args.system, s,
+                    args.reply_temperature) for s in args.generator_seeds}
     print("| generator seed | " + " | ".join(COLUMNS) + " |")
     print("|---|" + "---:|" * len(COLUMNS))
     for seed, m in rows.items():

@@ -415,6 +415,7 @@ def test_gapchat_real_model_config_runs_local_models_only(tmp_path):
     assert config.llm.judge.judge_mode == "scores" and config.llm.synthesizer.kind == "offline"
     assert (config.eval.bertscore_model, config.eval.bertscore_layer, config.eval.mauve_model) == (minilm, 6, smollm2)
     assert config.baselines.encoder_model == minilm
+    assert config.eval.reply_temperature == 0.0 and config.eval.memory_gain  # greedy replies, memory gain scored
     if is_converted(smollm2, "smollm2-135m-instruct") and (SHARED_DATA / "gapchat").is_dir():
         tb.build(config.data.tfds_name, manual_dir=SHARED_DATA / "gapchat", data_dir=tmp_path / "tfds")
         config.data.data_dir = str(tmp_path / "tfds")
@@ -506,6 +507,10 @@ def test_gc_config_learns_online_on_built_gapchat_data(tmp_path):
     assert all(c in content["memory"] for c in TABLE8) and content["memory"]["proxy_truth"]["saves"] >= 0
     assert content["memory"]["trigger_recall"] is None  # GapChat has no y_t labels: not measurable, not 0
     assert (tmp_path / "work" / ev.EVAL_DIR / "results.md").is_file()
+    assert content["setting"]["reply_temperature"] == 0.7  # the learner's: eval.reply_temperature is None
+    assert content["setting"]["memory_gain"] == {
+        "computed": False, "reason": "the offline generator cannot score a given continuation (only the local back "
+                                     "end can)"}
     notes = content["setting"]["notes"]  # the note check's counts: the offline writer's notes are the turns
     assert set(notes) == {"notes", "rewritten", "fallback", "problems"} and notes["rewritten"] == notes["fallback"] == 0
 

@@ -16,7 +16,7 @@ from icml_jax.agents.observation import ObservationConfig
 from icml_jax.configlib import field_default
 from icml_jax.data.protocol import Target
 from icml_jax.data.schema import Episode
-from icml_jax.evaluation.protocol import AgentReply, MemoryChoice
+from icml_jax.evaluation.protocol import AgentReply, MemoryChoice, reply_temperature
 from icml_jax.llm.generation import ReplyInput, generate_replies
 from icml_jax.llm.types import LLMBackend
 from icml_jax.memory.fragment import Fragment
@@ -136,12 +136,15 @@ class ReplySettings:
     @classmethod
     def from_config(cls, config: Any) -> ReplySettings:
         """`config.learner.reply_temperature / reply_max_tokens / note_max_tokens`, read as our agent's are
-        (`AgentConfig.from_config`: a missing key takes the dataclass default)."""
+        (`AgentConfig.from_config`: a missing key takes the dataclass default); `eval.reply_temperature`, when set,
+        replaces the temperature (the target replies are the only replies a baseline writes)."""
         learner = config.get("learner") if config is not None else None
+        temperature = reply_temperature(config)
         if learner is None:
-            return cls()
+            return cls() if temperature is None else cls(temperature=temperature)
         agent = AgentConfig.from_config(learner, ObservationConfig())
-        return cls(float(agent.reply_temperature), int(agent.reply_max_tokens), int(agent.note_max_tokens))
+        return cls(float(agent.reply_temperature if temperature is None else temperature), int(agent.reply_max_tokens),
+                   int(agent.note_max_tokens))
 
 
 @dataclasses.dataclass(frozen=True)

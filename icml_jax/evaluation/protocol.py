@@ -77,11 +77,23 @@ class EvalAgent(Protocol):
         """The texts stored for `user_id` now (storage cost)."""
 
 
-class PolicyAgent:
-    """The trained Planner and Trigger (a `MemoryAgent`) behind the `EvalAgent` interface."""
+def reply_temperature(config: Any) -> float | None:
+    """The temperature of the evaluation's target replies, `eval.reply_temperature` (0: greedy); None: each
+    system's own reply temperature (`learner.reply_temperature`, sampled as the paper does)."""
+    value = (config.get("eval") or {}).get("reply_temperature") if config is not None else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 2.0:
+        raise ValueError(f"eval.reply_temperature must be a number in [0, 2] or None, got {value!r}")
+    return float(value)
 
-    def __init__(self, agent, name: str = "icml") -> None:
-        self.agent, self.name = agent, name
+
+class PolicyAgent:
+    """The trained Planner and Trigger (a `MemoryAgent`) behind the `EvalAgent` interface; `temperature`: the
+    target replies' (None: the agent's own `reply_temperature`)."""
+
+    def __init__(self, agent, name: str = "icml", temperature: float | None = None) -> None:
+        self.agent, self.name, self.temperature = agent, name, temperature
 
     def reset(self) -> None:
         for user in self.agent.store.user_ids():
@@ -113,7 +125,13 @@ class PolicyAgent:
             chosen.append((self._choice(decision, used), 1e3 * (time.perf_counter() - start)))
             items.append((utterance, used, history, {"target": [target.episode_id, target.session, target.turn]}))
         start = time.perf_counter()
-        replies = self.agent.write_replies(items)  # one back-end call for the whole session
+        own = self.agent.config
+        if self.temperature is not None:
+            self.agent.config = dataclasses.replace(own, reply_temperature=self.temperature)
+        try:
+            replies = self.agent.write_replies(items)  # one back-end call for the whole session
+        finally:
+            self.agent.config = own
         per_reply = 1e3 * (time.perf_counter() - start) / max(1, len(items))
         return [AgentReply(r.text, choice, r.response.prompt_tokens, r.response.output_tokens, ms, per_reply)
                 for r, (choice, ms) in zip(replies, chosen, strict=True)]
@@ -128,14 +146,17 @@ class LearningAgent(PolicyAgent):
     session the user is closed and the joint PPO update runs; the targets are then answered greedily by the
     updated policy. The learning carries over from episode to episode, as online."""
 
-    def __init__(self, learner, name: str = "icml-online") -> None:
-        super().__init__(learner.agent, name)
+    def __init__(self, learner, name: str = "icml-online", temperature: float | None = None) -> None:
+        super().__init__(learner.agent, name, temperature)
         self.learner = learner
         self.updates: list[dict[str, float]] = []
 
     def observe(self, user_id, episode, session, turn, history):
         start = time.perf_counter()
-        receipt = self.learner.step_turn(episode, user_id, session, turn, tuple(history))
+        # the learner sees the episode without its final session: its turns are the scored targets, and a reward
+        # that reads later gold turns (rl.likelihood) must never read them
+        played = dataclasses.replace(episode, sessions=episode.sessions[:-1])
+        receipt = self.learner.step_turn(played, user_id, session, turn, tuple(history))
         ms = 1e3 * (time.perf_counter() - start)
         return self._choice(receipt.trigger, receipt.memory_used), receipt.planner.save, ms
 
@@ -302,4 +323,4 @@ def play(agent: EvalAgent, episodes: Iterable[Episode], *, user_speaker: str | N
 
 
 __all__ = ["AgentReply", "EpisodeResult", "EvalAgent", "LearningAgent", "MemoryChoice", "PolicyAgent",
-           "gold_history", "history_hash", "judged_ref", "play", "play_episode"]
+           "gold_history", "history_hash", "judged_ref", "play", "play_episode", "reply_temperature"]

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from icml_jax.evaluation.metrics import JUDGE_DIMENSIONS, bleu4, rouge_l, rouge_l_per_target
+from icml_jax.evaluation.memory_gain import GAIN, NLL
 from icml_jax.evaluation.protocol import EpisodeResult
 from icml_jax.data.labels import SessionCounts, pooled_metrics
 
@@ -20,6 +21,7 @@ RESULTS_JSON, RESULTS_MD, TARGETS_JSONL, EFFICIENCY_PNG = "results.json", "resul
     "efficiency.png"
 TABLE1 = ("BLEU-4", "ROUGE-L", "BERTScore", "MAUVE", "Engagingness", "Humanness", "Coherence", "Consistency",
           "Memorability")
+LIKELIHOOD = {"Memory gain": GAIN, "NLL": NLL}  # column -> target row key (evaluation.memory_gain), nats per token
 TABLE8 = ("planner_precision", "planner_recall", "trigger_recall", "planner_miss_rate",
           "planner_false_positive_rate")
 
@@ -99,6 +101,10 @@ def summarize(results: Sequence[EpisodeResult],
     for name, score in (model_scores or {}).items():
         generation[name] = score.value
         generation["signatures"][name] = score.signature
+    for name, key in LIKELIHOOD.items():  # scored by the evaluation when the generator can (memory_gain)
+        values = [r[key] for r in rows if r.get(key) is not None]
+        if values:
+            generation[name] = float(np.mean(values))
     judged = [r["judge"] for r in rows if r.get("judge")]
     if any("judge" in r for r in rows):  # mean normalized score per dimension over the valid verdicts, percent
         for dim in JUDGE_DIMENSIONS:
@@ -151,6 +157,11 @@ def results_markdown(summary: Mapping[str, Any], system: str, setting: Mapping[s
                 "directories)." if not {"BERTScore", "MAUVE"} <= set(gen['signatures']) else "")
              + (f" Judge ({setting.get('judge')}): mean normalized 1-5 score of {gen['judge']['judged']} replies, "
                 f"{gen['judge']['failures']} failed verdicts left out." if "judge" in gen else ""), "",
+             ("Memory gain (the generator's log-likelihood of the gold turn with the system's memory in the prompt "
+              f"minus without, nats per token): {gen['Memory gain']:+.4f}; NLL of the gold turn: {gen['NLL']:.4f} "
+              "nats per token." if "Memory gain" in gen else
+              "Memory gain: not computed (the generator cannot score a given continuation, or eval.memory_gain is "
+              "off)."), "",
              "## Table 8: memory (percent; sessions 1..N-1 build the memory, N is the target session)", "",
              "| session | " + " | ".join(TABLE8) + " | storage tokens |", "|---|" + "---:|" * (len(TABLE8) + 1)]
     for row in summary["memory_per_session"]:

@@ -53,13 +53,16 @@ PER_TARGET: dict[str, Callable[[Row], float | None]] = {
 }
 
 
+MIN_TARGETS = math.ceil(math.log2(2 / ALPHA))  # 6: below it no sign-flip test reaches p < ALPHA (p >= 2 / 2^n)
+
+
 def needed_targets(sd: float | None, effect: float | None) -> int | None:
     """Targets a paired two-sided test at ALPHA needs for POWER against a true mean difference `effect` (normal
-    approximation): ceil((Z_SUM * sd / |effect|)^2), at least 2 (an sd needs two); None where sd or effect is
-    unknown or the effect is 0 (no number of targets detects it)."""
+    approximation): ceil((Z_SUM * sd / |effect|)^2), at least MIN_TARGETS (the permutation test's floor); None
+    where sd or effect is unknown or the effect is 0 (no number of targets detects it)."""
     if sd is None or effect is None or effect == 0 or not math.isfinite(sd):
         return None
-    return max(2, math.ceil((Z_SUM * sd / abs(effect)) ** 2))
+    return max(MIN_TARGETS, math.ceil((Z_SUM * sd / abs(effect)) ** 2))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +94,10 @@ class PairedTest:
 
     @property
     def needed_paper(self) -> int | None:
-        """Targets needed for POWER to detect the paper's effect (None: no paper effect, or no sd)."""
+        """Targets needed for POWER to detect the paper's effect (None: no paper effect, or no sd to size it:
+        identical systems have sd 0, which says nothing of the spread under an effect)."""
+        if self.sd == 0 and self.delta == 0:
+            return None
         return needed_targets(self.sd, self.paper_effect)
 
     @property
@@ -192,9 +198,12 @@ def markdown(tests: Mapping[str, Sequence[PairedTest]], baseline: str) -> str:
 
 
 def _needed(test: PairedTest, effect: float | None) -> str:
-    """A needed target count as printed: "-" where unknown (no sd or no effect to size), "∞" at a zero effect."""
+    """A needed target count as printed: "-" where unknown (no sd or no effect to size, or identical systems at
+    the paper's effect), "∞" at a zero observed effect."""
     if test.sd is None or effect is None:
         return "-"
+    if effect is test.paper_effect:
+        return "-" if test.needed_paper is None else str(test.needed_paper)
     needed = needed_targets(test.sd, effect)
     return "∞" if needed is None else str(needed)
 
@@ -239,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(power_markdown(tests, name(args.baseline)))
 
 
-__all__ = ["ALPHA", "DEFAULT_SAMPLES", "PAPER_EFFECT", "PER_TARGET", "POWER", "Z_SUM", "PairedTest", "bleu_from_stats",
+__all__ = ["ALPHA", "DEFAULT_SAMPLES", "MIN_TARGETS", "PAPER_EFFECT", "PER_TARGET", "POWER", "Z_SUM", "PairedTest", "bleu_from_stats",
            "bleu_test", "compare_rows", "format_p", "markdown", "needed_targets", "power_line", "power_markdown",
            "sentence_bleu_stats", "sign_flip_p_value"]
 

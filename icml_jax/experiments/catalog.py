@@ -42,8 +42,8 @@ class Context:
         return (self.config.get("experiments") or {}).get(key, default)
 
 
-REPLY_COLUMNS = {c: ("B-4" if c == "BLEU-4" else "R-L" if c == "ROUGE-L" else "Bert" if c == "BERTScore" else c)
-                 for c in TABLE1}
+REPLY_COLUMNS = {**{c: ("B-4" if c == "BLEU-4" else "R-L" if c == "ROUGE-L" else "Bert" if c == "BERTScore" else c)
+                    for c in TABLE1}, "Memory gain": "Gain (nats/tok)", "NLL": "NLL (nats/tok)"}
 MEMORY_COLUMNS = {"planner_precision": "P-prec", "planner_recall": "P-rec", "trigger_recall": "T-rec"}
 ORACLE = ("The offline judge is an oracle: it scores a reply by whether the memory it used is the one the data's "
           "labels say the turn needs, and the offline generator quotes that memory; judge columns and the learning "

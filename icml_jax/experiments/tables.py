@@ -14,16 +14,17 @@ from typing import Any
 
 import numpy as np
 
-from icml_jax.evaluation.report import TABLE1, TABLE8
+from icml_jax.evaluation.report import LIKELIHOOD, TABLE1, TABLE8
 
 PERCENT = frozenset(TABLE8) | {"save_rate", "warmup_trigger_acc"}  # fractions shown as percent
 JUDGE_COLUMNS = TABLE1[4:]
+DIGITS = {name: 4 for name in LIKELIHOOD}  # decimals shown where two are too few (nats per token)
 
 
 def metrics_of(content: Mapping[str, Any]) -> dict[str, float | None]:
     """The flat numbers of one evaluation's results.json that the experiment tables use."""
     gen, mem, eff = content["generation"], content["memory"], content["efficiency"]
-    out: dict[str, float | None] = {c: gen.get(c) for c in TABLE1}
+    out: dict[str, float | None] = {c: gen.get(c) for c in (*TABLE1, *LIKELIHOOD)}
     out.update({k: mem.get(k) for k in (*TABLE8, "save_rate")})
     out["proxy_truth_r"] = (mem.get("proxy_truth") or {}).get("r")
     out["prompt_tokens"] = eff.get("inference_tokens_per_reply")
@@ -77,9 +78,9 @@ def cell(stats: Mapping[str, Any] | None, key: str, seeds: int = 1) -> str:
     has."""
     if not stats or stats.get("mean") is None:
         return "-"
-    scale = 100.0 if key in PERCENT else 1.0
-    text = f"{scale * stats['mean']:.2f}"
-    text += f" ± {scale * stats['sd']:.2f}" if stats.get("sd") is not None else ""
+    scale, digits = (100.0 if key in PERCENT else 1.0), DIGITS.get(key, 2)
+    text = f"{scale * stats['mean']:.{digits}f}"
+    text += f" ± {scale * stats['sd']:.{digits}f}" if stats.get("sd") is not None else ""
     return text + (f" (n={stats['n']})" if stats.get("n", seeds) < seeds else "")
 
 
@@ -142,4 +143,4 @@ def write(report: Report, out_dir: Path, setting: Mapping[str, Any], command: st
     return files
 
 
-__all__ = ["JUDGE_COLUMNS", "PERCENT", "Report", "aggregate", "cell", "markdown", "metrics_of", "write"]
+__all__ = ["DIGITS", "JUDGE_COLUMNS", "PERCENT", "Report", "aggregate", "cell", "markdown", "metrics_of", "write"]

@@ -83,13 +83,25 @@ class JudgeStats:
 
 
 @dataclasses.dataclass(frozen=True)
+class GoldTarget:
+    """A gold turn to predict: the dialogue before its utterance, the utterance, and the gold turn itself."""
+
+    history: prompts.Dialogue
+    utterance: str
+    gold: str
+
+
+@dataclasses.dataclass(frozen=True)
 class ProxyInput:
-    """A user turn to rate for information value; `label` is the data's y_p when known (offline back end)."""
+    """A user turn to rate for information value; `label` is the data's y_p when known (offline back end);
+    `later`: gold turns of the episode's later sessions it may help predict, None when there is no later session
+    (the likelihood reward reads them)."""
 
     turn_text: str
     history: prompts.Dialogue = ()
     label: float | None = None
     metadata: Mapping[str, Any] | None = None
+    later: Sequence[GoldTarget] | None = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +115,7 @@ class QualityInput:
     label_needed: Sequence[Any] | None = None
     used_ref: Any = None
     metadata: Mapping[str, Any] | None = None
+    gold_next: str | None = None  # the gold turn the reply stands in for (the likelihood reward reads it)
 
 
 def _is_number(x: Any) -> bool:

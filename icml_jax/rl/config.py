@@ -13,6 +13,7 @@ _C = TypeVar("_C")
 
 UNTRIGGERED_POLICIES: tuple[str, ...] = ("proxy", "defer")
 MULTI_TRIGGER_POLICIES: tuple[str, ...] = ("first", "max", "mean")
+REWARD_SOURCES: tuple[str, ...] = ("judge", "likelihood")  # RewardConfig.source
 USER_MISMATCH_POLICIES: tuple[str, ...] = ("raise", "count")
 OLD_LOGP_SOURCES: tuple[str, ...] = ("rollout", "recompute")
 
@@ -54,6 +55,10 @@ class RewardConfig:
     - `user_mismatch`: a trigger whose user differs from the fragment's owner means memory isolation broke:
       "raise" (default) raises `UserMismatchError` and changes nothing; "count" ignores it and counts it.
     - `normalize`: train on Planner rewards mapped onto [0, 1] (see Scales); False = the raw scale.
+    - `source`: where r_proxy and r_qual come from: "judge" (the LLM judges, the paper's) or "likelihood" (the
+      generator's likelihood of the episode's own gold turns, `rl.likelihood`; local back ends only), whose
+      memory gains (nats per token) become sigmoid(gain / `likelihood_scale`) and whose proxy reads the
+      `likelihood_later_turns` most similar gold turns of later sessions.
     """
 
     alpha: float = 1.0
@@ -64,6 +69,9 @@ class RewardConfig:
     multi_trigger: str = "first"
     user_mismatch: str = "raise"
     normalize: bool = True
+    source: str = "judge"
+    likelihood_scale: float = 0.1
+    likelihood_later_turns: int = 2
 
     def __post_init__(self) -> None:
         """Reject settings that would make rewards meaningless, naming the field."""
@@ -73,7 +81,14 @@ class RewardConfig:
             high_value_threshold=self.high_value_threshold,
             save_cost=self.save_cost,
             truth_lambda=self.truth_lambda,
+            likelihood_scale=self.likelihood_scale,
         )
+        if self.source not in REWARD_SOURCES:
+            raise ValueError(f"RewardConfig.source must be one of {REWARD_SOURCES}, got {self.source!r}")
+        if not self.likelihood_scale > 0 or isinstance(self.likelihood_later_turns, bool) \
+                or not isinstance(self.likelihood_later_turns, int) or self.likelihood_later_turns < 1:
+            raise ValueError(f"RewardConfig: likelihood_scale must be > 0 and likelihood_later_turns an int >= 1, got "
+                             f"{self.likelihood_scale!r}, {self.likelihood_later_turns!r}")
         if self.alpha < 0 or self.save_cost < 0 or self.truth_lambda < 0:
             raise ValueError(
                 f"RewardConfig: alpha, save_cost and truth_lambda must be >= 0, got "

@@ -40,6 +40,7 @@ from icml_jax.memory.store import MemoryStore
 from icml_jax.rl.batch import collate, partition, rollout_stats
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig
+from icml_jax.rl.likelihood import later_targets, next_gold_turn
 from icml_jax.rl.pending import PendingRewardBuffer, SaveReward
 from icml_jax.rl.rewards import planner_reward
 from icml_jax.rl.rollout import agent_turns, decision_keys, lockstep
@@ -243,8 +244,12 @@ class OnlineLearner:
         items = [episode.sessions[s].turns[t] for episode, _, s, t, _, _ in turns]
         inputs = [TurnInput(user, item.text, hist, episode.episode_id, s, t, label=memory_label(item))
                   for (episode, user, s, t, hist, _), item in zip(turns, items, strict=True)]
-        proxy_inputs = [ProxyInput(item.text, hist, label=None if item.y_p is None else float(item.y_p))
-                        for (_, _, _, _, hist, _), item in zip(turns, items, strict=True)]
+        reward = self.config.reward
+        later = ([later_targets(episode, s, item.text, reward.likelihood_later_turns)
+                  for (episode, _, s, _, _, _), item in zip(turns, items, strict=True)]
+                 if reward.source == "likelihood" else [()] * len(turns))  # only the likelihood proxy reads them
+        proxy_inputs = [ProxyInput(item.text, hist, label=None if item.y_p is None else float(item.y_p), later=ahead)
+                        for (_, _, _, _, hist, _), item, ahead in zip(turns, items, later, strict=True)]
         keys = decision_keys(self.agent.key, np.asarray([(k, s, t) for _, _, s, t, _, k in turns], np.int32))
         pool = self._request_pool() if self.is_remote else None
         remote_proxy = pool is not None and getattr(self.proxy_judge.backend, "remote", False)
@@ -255,8 +260,9 @@ class OnlineLearner:
                 QualityInput(hist, item.text, reply, r.memory_used.text if r.memory_used else None,
                              label_needed=None if item.y_t is None else
                              [[episode.episode_id, n.session, n.turn] for n in item.y_t],
-                             used_ref=list(r.memory_used.ref) if r.memory_used else None)
-                for (episode, _, _, _, hist, _), item, (reply, r) in zip(turns, items, steps, strict=True)])
+                             used_ref=list(r.memory_used.ref) if r.memory_used else None,
+                             gold_next=next_gold_turn(episode, s, t))
+                for (episode, _, s, t, hist, _), item, (reply, r) in zip(turns, items, steps, strict=True)])
         except BaseException:
             if proxy_f is not None:
                 cf.wait([proxy_f])

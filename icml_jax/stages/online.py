@@ -53,7 +53,7 @@ def stage_online(run: Run) -> dict[str, Any]:
 
     from icml_jax import parallel
     from icml_jax.data.stream import EVAL_OFFSET, held_out_episodes, online_stream
-    from icml_jax.llm.judges import ProxyJudge, QualityJudge
+    from icml_jax.rl.likelihood import reward_judges
     from icml_jax.memory.store import MemoryStore
     from icml_jax.checkpoint import RunCheckpointer, load_memory_state, memory_state
     from icml_jax.data.labels import pooled_metrics
@@ -85,8 +85,11 @@ def stage_online(run: Run) -> dict[str, Any]:
     update_mesh, _ = parallel.process_meshes(dict(config.parallel.mesh))
     with MemoryStore() as store, RunCheckpointer(run.workdir / CHECKPOINT_DIR, keep=int(spec.checkpoint.keep),
                                                  async_save=bool(spec.checkpoint.async_save)) as ckpt:
-        learner = OnlineLearner(policies, tokenizer, store, generator, proxy_judge=ProxyJudge(judge),
-                                quality_judge=QualityJudge(judge), config=learner_cfg,
+        reward = learner_cfg.reward
+        proxy_judge, quality_judge = reward_judges(reward.source, judge=judge, generator=generator,
+                                                   scale=reward.likelihood_scale)
+        learner = OnlineLearner(policies, tokenizer, store, generator, proxy_judge=proxy_judge,
+                                quality_judge=quality_judge, config=learner_cfg,
                                 update_mesh=update_mesh if parallel.model_mesh(policies) is not None else None)
 
         saved: int | None = None  # the last step saved or restored (an async save may not be listed yet)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from icml_jax.evaluation.metrics import bleu4
 from icml_jax.evaluation.report import read_targets
 from icml_jax.evaluation.significance import (
+    MIN_TARGETS,
     PAPER_EFFECT,
     Z_SUM,
     PairedTest,
@@ -142,7 +143,8 @@ def test_needed_targets_match_a_hand_computation():
     assert (2.8016 * 9.5 / 4) ** 2 == pytest.approx(44.27, abs=0.01)
     assert needed_targets(9.5, 4.0) == needed_targets(9.5, -4.0) == 45
     assert needed_targets(13.2, 4.0) == math.ceil((Z_SUM * 3.3) ** 2) == 86  # the "about 86 targets"
-    assert needed_targets(0.0, 1.0) == 2  # no spread: the sd itself needs two targets
+    assert needed_targets(0.0, 1.0) == MIN_TARGETS == 6  # no spread: the sign-flip test's floor, p >= 2 / 2^n
+    assert needed_targets(0.1, 5.0) == 6 and 2 / 2**5 > 0.05 > 2 / 2**6
 
 
 def test_a_zero_or_unknown_effect_needs_no_finite_number_of_targets():
@@ -181,18 +183,19 @@ def test_compare_rows_fills_sd_and_needed_targets_for_every_metric_including_mem
         t = tests[metric]
         assert t.n == 10 and t.delta == pytest.approx(diff.mean())
         assert t.sd == pytest.approx(diff.std(ddof=1))
-        assert t.needed_observed == math.ceil((Z_SUM * diff.std(ddof=1) / abs(diff.mean())) ** 2) > 2
-    assert tests["BERTScore"].needed_paper == math.ceil((Z_SUM * tests["BERTScore"].sd / 4.44) ** 2)
+        assert t.needed_observed == max(MIN_TARGETS, math.ceil((Z_SUM * diff.std(ddof=1) / abs(diff.mean())) ** 2))
+    assert tests["BERTScore"].needed_paper == max(MIN_TARGETS, math.ceil((Z_SUM * tests["BERTScore"].sd / 4.44) ** 2))
     assert tests["Memory gain"].needed_paper is None and tests["NLL"].powered is None
     assert tests["ROUGE-L"].sd == 0.0 and tests["ROUGE-L"].needed_observed is None  # identical: a zero effect
-    assert tests["Consistency"].sd == 0.0 and tests["Consistency"].needed_observed == 2
+    assert tests["Consistency"].sd == 0.0 and tests["Consistency"].needed_observed == 6  # a constant difference
     bleu = tests["BLEU-4"]  # identical replies: every swap changes nothing
-    assert bleu.sd == 0.0 and bleu.needed_observed is None and bleu.needed_paper == 2 and bleu.powered is True
+    # sd 0 from identical systems says nothing of the spread under the paper's effect: unknown, not "powered"
+    assert bleu.sd == 0.0 and bleu.needed_observed is None and bleu.needed_paper is None and bleu.powered is None
     table = power_markdown({"ours": list(tests.values())}, "base").splitlines()
     assert table[0].startswith("| targets needed for 80% power (minus base): observed / paper (n) | BLEU-4 |")
     header, row = ([c.strip() for c in line.strip("|").split("|")][1:] for line in (table[0], table[2]))
     cells = dict(zip(header, row, strict=True))
-    assert cells["BLEU-4"] == "∞ / 2 (n 10)" and cells["Consistency"] == "2 / - (n 9)"
+    assert cells["BLEU-4"] == "∞ / - (n 10)" and cells["Consistency"] == "6 / - (n 9)"
     assert cells["NLL"] == f"{tests['NLL'].needed_observed} / - (n 10)"
 
 

@@ -1,0 +1,175 @@
+"""The likelihood reward: the squashing, the gold turns it reads (the next one; the most similar of later sessions,
+never the evaluation's final session), both judges on a likelihood back end that favours a memory sharing the gold
+turn's words, and the online learner rewarding from it: the truth reward carries the gain a save later gives."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from icml_jax.agents import agent as agent_module
+from icml_jax.data.schema import Episode, Session, Turn
+from icml_jax.llm import OfflineBackend
+from icml_jax.llm.judges import GoldTarget, ProxyInput, ProxyJudge, QualityInput, QualityJudge
+from icml_jax.llm.types import LoglikResponse, TokenUsage
+from icml_jax.rl.config import RewardConfig
+from icml_jax.rl.likelihood import (NO_LATER_TURN, NO_NEXT_TURN, LikelihoodProxyJudge, LikelihoodQualityJudge,
+                                    information_value, later_targets, likelihood_score, next_gold_turn,
+                                    reward_judges)
+
+NURSE, WEEK, NIGHTS = "I work as a nurse.", "How should I plan my week?", "Plan around your night shifts as a nurse."
+TIRED, HELLO = "I'm a bit tired today.", "Hello there!"
+EPISODE = Episode("test", "ep", (
+    Session((Turn("A", NURSE), Turn("B", "Nice!"))),
+    Session((Turn("A", TIRED), Turn("B", "Rest well."), Turn("A", WEEK), Turn("B", NIGHTS))),
+    Session((Turn("A", HELLO), Turn("B", "Hi."))),
+))
+
+
+class MemoryOverlap:
+    """A likelihood back end: each continuation token costs 1 nat, 0.8 when the prompt's <memory> block shares a
+    word of 4+ letters with the continuation (a memory that helps predict the gold turn); records the calls."""
+
+    name = "memory-overlap"
+    usage = TokenUsage()
+
+    def __init__(self) -> None:
+        self.calls: list[list] = []
+
+    def close(self) -> None:
+        pass
+
+    def loglik(self, requests):
+        self.calls.append(list(requests))
+        out = []
+        for r in requests:
+            memory = " ".join(re.findall(r"<memory>(.*?)</memory>", r.request.prompt, re.S)).lower()
+            words = r.continuation.split()
+            helps = bool(set(re.findall(r"[a-z]{4,}", memory)) & set(re.findall(r"[a-z]{4,}", r.continuation.lower())))
+            out.append(LoglikResponse(-(0.8 if helps else 1.0) * len(words), len(words)))
+        return out
+
+
+def test_a_gain_becomes_a_reward_in_0_1_and_no_gain_is_one_half():
+    assert likelihood_score(0.0, 0.1) == 0.5
+    assert likelihood_score(0.1, 0.1) == pytest.approx(1 / (1 + math.exp(-1)))
+    assert likelihood_score(-0.1, 0.1) == pytest.approx(1 - likelihood_score(0.1, 0.1))
+    assert likelihood_score(1e9, 0.1) == pytest.approx(1.0) and likelihood_score(-1e9, 0.1) == pytest.approx(0.0)
+
+
+def test_the_gold_turns_read_are_the_next_one_and_the_most_similar_of_later_sessions():
+    assert next_gold_turn(EPISODE, 0, 0) == "Nice!" and next_gold_turn(EPISODE, 0, 1) is None
+    (best,) = later_targets(EPISODE, 0, NURSE, 1)
+    assert best == GoldTarget((("A", TIRED), ("B", "Rest well.")), WEEK, NIGHTS)  # shares "nurse"
+    assert len(later_targets(EPISODE, 0, NURSE, 5)) == 1  # turns sharing no word are left out
+    assert later_targets(EPISODE, 1, TIRED, 2) == []  # nothing later shares a word
+    assert later_targets(EPISODE, 2, HELLO, 2) is None  # no later session
+
+
+def test_the_quality_judge_scores_the_recalled_memorys_gain_for_the_gold_next_turn():
+    backend = MemoryOverlap()
+    judge = LikelihoodQualityJudge(backend, scale=0.1)
+    items = [QualityInput((), WEEK, "reply", "The user works night shifts.", gold_next=NIGHTS),
+             QualityInput((), WEEK, "reply", "The user likes tea.", gold_next=NIGHTS),
+             QualityInput((), WEEK, "reply", None, gold_next=NIGHTS),
+             QualityInput((), WEEK, "reply", "The user works night shifts.", gold_next=None)]
+    helps, unrelated, none, no_next = judge.judge(items)
+    assert helps.score == pytest.approx(likelihood_score(0.2, 0.1)) and unrelated.score == 0.5 and none.score == 0.5
+    assert no_next.score is None and no_next.failure == NO_NEXT_TURN
+    assert len(backend.calls) == 1 and len(backend.calls[0]) == 3  # two memories, one shared prompt without
+    assert judge.stats.items == 4 and judge.stats.failures == 1
+
+
+def test_the_proxy_judge_scores_a_turn_by_the_later_gold_turns_it_would_help_predict():
+    backend = MemoryOverlap()
+    judge = LikelihoodProxyJudge(backend, scale=0.1)
+    nurse, tired, hello = (ProxyInput(t, later=later_targets(EPISODE, s, t, 2))
+                           for s, t in ((0, NURSE), (1, TIRED), (2, HELLO)))
+    out = judge.judge([nurse, tired, hello])
+    assert out[0].score == pytest.approx(information_value(0.2, 0.1)) == 1.0  # "nurse" makes NIGHTS likelier
+    assert out[1].ok and out[1].score == 0.0  # "tired" shares no word with session 2: worth nothing
+    assert out[2].score is None and out[2].failure == NO_LATER_TURN  # the last session: unknown, masked
+    small = judge.judge([ProxyInput("The user is a nurse.", later=[GoldTarget((), WEEK, "nurse " * 9 + "ok")])])
+    assert small[0].score == pytest.approx(information_value(0.2 * 9 / 10, 0.1)) == 1.0
+    assert information_value(0.03, 0.1) == pytest.approx(0.3) and information_value(-0.5, 0.1) == 0.0
+
+
+def test_reward_judges_by_source_and_their_checks():
+    offline = OfflineBackend()
+    proxy, quality = reward_judges("judge", judge=offline, generator=offline, scale=0.1)
+    assert isinstance(proxy, ProxyJudge) and isinstance(quality, QualityJudge)
+    proxy, quality = reward_judges("likelihood", judge=offline, generator=MemoryOverlap(), scale=0.1)
+    assert isinstance(proxy, LikelihoodProxyJudge) and isinstance(quality, LikelihoodQualityJudge)
+    with pytest.raises(ValueError, match="the likelihood reward needs a back end that scores continuations"):
+        reward_judges("likelihood", judge=offline, generator=offline, scale=0.1)
+    with pytest.raises(ValueError, match="rl.reward.source must be 'judge' or 'likelihood'"):
+        reward_judges("bleu", judge=offline, generator=offline, scale=0.1)
+    with pytest.raises(ValueError, match="RewardConfig.source must be one of"):
+        RewardConfig(source="bleu")
+    with pytest.raises(ValueError, match="likelihood_scale must be > 0"):
+        RewardConfig(likelihood_scale=0.0)
+
+
+def test_the_learner_rewards_from_likelihoods_and_the_truth_reward_carries_the_later_gain(tmp_path, monkeypatch):
+    """Forced policy: save every turn, recall the oldest memory (the nurse turn, once saved). Recalled for the week
+    question, it makes the gold next turn (NIGHTS) likelier, and with multi_trigger "max" its save's truth reward
+    carries that gain's reward; the turns of the last session have no proxy (masked, counted)."""
+    from icml_jax.experiments.persona_run import PersonaRunConfig, build_learner
+    from icml_jax.rl.learner import OnlineLearner
+
+    real_planner, real_trigger = agent_module.planner_act, agent_module.trigger_act
+
+    def always_save(graphdef, state, tokens, mask, key, *, greedy=False):
+        action, stats = real_planner(graphdef, state, tokens, mask, key, greedy=greedy)
+        return jnp.ones_like(action), stats
+
+    def oldest_memory(graphdef, state, tokens, mask, cand_mask, key, *, greedy=False):
+        _, stats = real_trigger(graphdef, state, tokens, mask, cand_mask, key, greedy=greedy)
+        return jnp.asarray(np.where(np.asarray(cand_mask).sum(-1) >= 2, 1, 0), jnp.int32), stats  # 0: none
+
+    monkeypatch.setattr(agent_module, "planner_act", always_save)
+    monkeypatch.setattr(agent_module, "trigger_act", oldest_memory)
+    run = PersonaRunConfig()
+    reward = dataclasses.replace(run.reward, source="likelihood", multi_trigger="max")
+    base, tokenizer = build_learner(dataclasses.replace(run, reward=reward), tmp_path)
+    proxy, quality = reward_judges("likelihood", judge=None, generator=MemoryOverlap(), scale=0.1)
+    learner = OnlineLearner(base.policies, tokenizer, base.store, OfflineBackend(), proxy_judge=proxy,
+                            quality_judge=quality, config=base.config)
+    episode = Episode("test", "ep", tuple(Session(tuple(Turn("user", t.text) for t in s.turns))
+                                          for s in EPISODE.sessions))
+    out = learner.run_episode(episode)
+    assert out["judge/proxy_failures"] == 2  # session 2's two turns
+    assert out["judge/quality_failures"] == 3  # each session's last turn has no gold next turn
+    rewards = {s.decision_id.split("/", 2)[2]: s for s in learner.last_finalized}
+    nurse = rewards["0/0/planner"]
+    assert nurse.r_proxy == 1.0 and nurse.triggered  # NURSE as memory makes NIGHTS likelier
+    assert nurse.r_qual_future == pytest.approx(likelihood_score(0.2, 0.1))  # recalled for WEEK
+    assert nurse.reward == pytest.approx(1.0 - reward.save_cost + reward.truth_lambda * likelihood_score(0.2, 0.1))
+    assert rewards["0/1/planner"].r_proxy == 0.0 and rewards["1/0/planner"].r_proxy == 0.0
+
+
+def test_the_evaluations_test_time_learner_never_sees_the_final_session():
+    """eval.learn: the learner plays the history sessions of an evaluated episode, whose final session holds the
+    scored targets; it gets the episode without that session, so no reward can read a target's gold turn."""
+    from types import SimpleNamespace
+
+    from icml_jax.evaluation.protocol import LearningAgent
+
+    seen = []
+
+    class Learner:
+        agent = SimpleNamespace(config=None)
+
+        def step_turn(self, episode, user, session, turn, history):
+            seen.append(episode)
+            return SimpleNamespace(trigger=SimpleNamespace(prob=1.0), memory_used=None,
+                                   planner=SimpleNamespace(save=False))
+
+    LearningAgent(Learner()).observe("u", EPISODE, 1, 0, ())
+    (played,) = seen
+    assert played.sessions == EPISODE.sessions[:-1] and later_targets(played, 1, "Hello hi", 2) is None
