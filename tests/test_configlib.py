@@ -31,8 +31,13 @@ def test_a_missing_file_or_override_key_names_it(tmp_path):
 
 def test_config_differences_compare_as_json_and_read_added_keys_as_their_defaults():
     stored = {"a": {"b": (1, 2), "c": "x"}, "policy": {"seed": 0}, "limits": {"n": 1}}
-    current = {"a": {"b": [1, 2], "c": "x"}, "policy": {"seed": 0, **{k.split(".")[1]: v for k, v in ADDED_KEYS.items()
-                                                                    if k.startswith("policy.")}}, "limits": {"n": 2}}
+    current = {"a": {"b": [1, 2], "c": "x"}, "policy": {"seed": 0}, "limits": {"n": 2}}
+    for key, value in ADDED_KEYS.items():  # a current config holds every added key, at its default here
+        *parents, leaf = key.split(".")
+        node = current
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = value
     assert config_differences(stored, current) == ["limits.n"]
     assert config_differences(stored, current, ignore=("limits.",)) == []
     current["policy"]["remat"] = "full"

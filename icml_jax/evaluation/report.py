@@ -160,8 +160,8 @@ def results_markdown(summary: Mapping[str, Any], system: str, setting: Mapping[s
              ("Memory gain (the generator's log-likelihood of the gold turn with the system's memory in the prompt "
               f"minus without, nats per token): {gen['Memory gain']:+.4f}; NLL of the gold turn: {gen['NLL']:.4f} "
               "nats per token." if "Memory gain" in gen else
-              "Memory gain: not computed (the generator cannot score a given continuation, or eval.memory_gain is "
-              "off)."), "",
+              "Memory gain: not scored (the generator cannot score a given continuation, or eval.memory_gain is "
+              "off; results.json says which)."), "",
              "## Table 8: memory (percent; sessions 1..N-1 build the memory, N is the target session)", "",
              "| session | " + " | ".join(TABLE8) + " | storage tokens |", "|---|" + "---:|" * (len(TABLE8) + 1)]
     for row in summary["memory_per_session"]:

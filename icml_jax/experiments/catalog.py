@@ -302,20 +302,42 @@ def _judge_label(spec: str) -> str:
     return spec if spec in ("offline", "generator", "judge") else Path(spec).name
 
 
+LIKELIHOOD = "likelihood"  # experiments.judges entry: the likelihood reward (rl.likelihood) instead of a judge
+
+
+def _reward_model(ctx: Context, spec: str) -> dict[str, Any]:
+    """What `spec` of experiments.judges sets as the reward model: the likelihood reward, or a judge back end as
+    `llm.judge` with `rl.reward.source` "judge"."""
+    if spec == LIKELIHOOD:
+        return {"source": LIKELIHOOD, **{k: ctx.config.rl.reward.get(k) for k in ("likelihood_scale",
+                                                                               "likelihood_later_turns")}}
+    return {"source": "judge", **_judge_block(ctx, spec)}
+
+
 def judges(ctx: Context) -> Report:
-    """Tables 7 and 11 as the paper runs them: online learning from the seed's warm-up with each judge back end of
-    `experiments.judges` as the reward model (`llm.judge`: r_proxy and r_qual), then the trained agent's
-    automatic metrics; every evaluation is judged by the config's own judge, so only the reward model differs."""
-    own = ctx.config.llm.judge.to_dict()
-    blocks = {_judge_label(spec): _judge_block(ctx, spec) for spec in ctx.exp("judges", ("offline",))}
-    if len(blocks) < len(ctx.exp("judges", ("offline",))):
-        raise ValueError(f"experiments.judges {list(ctx.exp('judges'))}: two entries have the same name")
+    """Tables 7 and 11 as the paper runs them: online learning from the seed's warm-up with each reward model of
+    `experiments.judges` (a judge back end as `llm.judge`: r_proxy and r_qual; or "likelihood", the label-free
+    reward of rl.likelihood), then the trained agent's automatic metrics; every evaluation is judged by the
+    config's own judge, so only the reward model differs."""
+    own_source = ctx.config.rl.reward.get("source", "judge")
+    own = {"source": own_source, **(ctx.config.llm.judge.to_dict() if own_source == "judge" else
+                                     {k: ctx.config.rl.reward.get(k) for k in ("likelihood_scale",
+                                                                               "likelihood_later_turns")})}
+    specs = list(ctx.exp("judges", ("offline",)))
+    blocks = {spec if spec == LIKELIHOOD else _judge_label(spec): _reward_model(ctx, spec) for spec in specs}
+    if len(blocks) < len(specs):
+        raise ValueError(f"experiments.judges {specs}: two entries have the same name")
     variants = {}
     for label, block in blocks.items():
         if block == own:  # the config's reward model: the run every other experiment calls `ours`
             variants[label] = lambda s: ours(ctx, s)
             continue
-        name, over = f"judge_{label}", {"llm.judge": ml_collections.ConfigDict(block)}
+        if block["source"] == LIKELIHOOD:
+            name, over = "reward_likelihood", {"rl.reward.source": LIKELIHOOD}
+        else:
+            judge = {k: v for k, v in block.items() if k != "source"}
+            name, over = f"judge_{label}", {"llm.judge": ml_collections.ConfigDict(judge),
+                                            "rl.reward.source": "judge"}
         variants[label] = lambda s, name=name, over=over: learned(ctx, s, name, over)
     report = Report("judges", "Reward model (judge back end)", "Tables 7 and 11",
                     {**REPLY_COLUMNS, **MEMORY_COLUMNS}, {}, row_header="reward model")

@@ -63,9 +63,12 @@ def later_targets(episode: Episode, session: int, text: str, k: int) -> list[Gol
 
 
 class _LikelihoodJudge:
-    """Shared machinery: one deduplicated `loglik` call per batch, per-token NLLs, counters like the LLM judges'."""
+    """Shared machinery: one deduplicated `loglik` call per batch, per-token NLLs, counters like the LLM judges'.
+    The NLLs of the last `CACHE_SIZE` distinct (prompt, gold) pairs are kept: a later gold turn's prompt without
+    memory recurs for every turn of its episode that is scored against it."""
 
     kind = "likelihood"
+    CACHE_SIZE = 4096
 
     def __init__(self, backend: LikelihoodBackend, *, scale: float) -> None:
         if not callable(getattr(backend, "loglik", None)):
@@ -75,6 +78,7 @@ class _LikelihoodJudge:
             raise ValueError(f"likelihood reward: scale must be > 0 nats per token, got {scale!r}")
         self.backend, self.scale = backend, float(scale)
         self._stats = JudgeStats()
+        self._cache: dict[tuple[str | None, str, str], float] = {}
 
     @property
     def stats(self) -> JudgeStats:
@@ -88,12 +92,16 @@ class _LikelihoodJudge:
         return self._stats.as_metrics(f"judge/{self.kind}")
 
     def _nll(self, asks: Sequence[tuple[LLMRequest, str]]) -> list[float]:
-        """Per-token NLL of each (prompt, gold) pair, each distinct pair scored once."""
-        unique = list(dict.fromkeys((r.system, r.prompt, gold) for r, gold in asks))
+        """Per-token NLL of each (prompt, gold) pair, each distinct pair scored once (and not again while cached)."""
         requests = {(r.system, r.prompt, gold): LoglikRequest(r, gold) for r, gold in asks}
-        answers: list[LoglikResponse] = self.backend.loglik([requests[k] for k in unique]) if unique else []
-        by_key = {k: a.nll for k, a in zip(unique, answers, strict=True)}
-        return [by_key[(r.system, r.prompt, gold)] for r, gold in asks]
+        known = {k: self._cache[k] for k in requests if k in self._cache}
+        todo = [k for k in requests if k not in known]
+        answers: list[LoglikResponse] = self.backend.loglik([requests[k] for k in todo]) if todo else []
+        known.update((k, a.nll) for k, a in zip(todo, answers, strict=True))
+        if len(self._cache) + len(todo) > self.CACHE_SIZE:
+            self._cache.clear()
+        self._cache.update((k, known[k]) for k in todo)
+        return [known[(r.system, r.prompt, gold)] for r, gold in asks]
 
     def _gains(self, targets: Sequence[GoldTarget], memories: Sequence[str]) -> list[float]:
         """Memory gain of each (target, memory) pair: nll without the memory minus nll with it."""

@@ -174,7 +174,9 @@ def test_judges_train_one_run_per_reward_model_and_score_all_with_the_config_jud
     trained, evaluated = {}, {}
 
     def online_run(config, workdir, *, init_from, overrides=None):
-        trained[workdir.name] = (runs.derive(config, overrides or {}).llm.judge.to_dict(), init_from)
+        derived = runs.derive(config, overrides or {})
+        judge = derived.llm.judge.to_dict() if derived.rl.reward.source == "judge" else "likelihood"
+        trained[workdir.name] = (judge, init_from)
         return workdir
 
     def evaluate(config, workdir, root, *, system, checkpoint=None, factory=None):
@@ -187,15 +189,20 @@ def test_judges_train_one_run_per_reward_model_and_score_all_with_the_config_jud
     monkeypatch.setattr(runs, "online_run", online_run)
     monkeypatch.setattr(runs, "evaluate", evaluate)
     config = smoke_config()
-    config.experiments.judges = ("offline", "judge", str(local))
+    config.experiments.judges = ("offline", "judge", str(local), "likelihood")
     files = run_experiment("judges", config, tmp_path / "exp", [0], log=lambda line: None)
     content = json.loads(files["json"].read_text(encoding="utf-8"))
-    assert list(content["rows"]) == ["offline", "judge", local.name] and content["reproduces"] == "Tables 7 and 11"
+    assert list(content["rows"]) == ["offline", "judge", local.name, "likelihood"]
+    assert content["reproduces"] == "Tables 7 and 11"
     block = {"kind": "local", "model_dir": str(local), "dtype": "float32", "max_output_tokens": 128}
     warmup = tmp_path / "exp" / "seed0" / "base" / "warmup"
-    assert trained == {"ours": ({"kind": "offline"}, warmup), f"judge_{local.name}": (block, warmup)}
-    assert evaluated == {"ours": {"kind": "offline"}, f"judge_{local.name}": {"kind": "offline"}}
-    assert content["provenance"][local.name]["0"]["reward_model"] == block
+    assert trained == {"ours": ({"kind": "offline"}, warmup), f"judge_{local.name}": (block, warmup),
+                       "reward_likelihood": ("likelihood", warmup)}
+    assert evaluated == {"ours": {"kind": "offline"}, f"judge_{local.name}": {"kind": "offline"},
+                         "reward_likelihood": {"kind": "offline"}}
+    assert content["provenance"][local.name]["0"]["reward_model"] == {"source": "judge", **block}
+    assert content["provenance"]["likelihood"]["0"]["reward_model"] == {
+        "source": "likelihood", "likelihood_scale": 0.1, "likelihood_later_turns": 2}
     assert _mean(content, "offline", "BLEU-4") == _mean(content, "judge", "BLEU-4") == 1.0
     assert _mean(content, local.name, "BLEU-4") == 2.0
     config.experiments.judges = ("offline", str(local), str(tmp_path / "exp" / ".." / local.name))

@@ -94,6 +94,10 @@ def test_the_proxy_judge_scores_a_turn_by_the_later_gold_turns_it_would_help_pre
     assert out[0].score == pytest.approx(information_value(0.2, 0.1)) == 1.0  # "nurse" makes NIGHTS likelier
     assert out[1].ok and out[1].score == 0.0  # "tired" shares no word with session 2: worth nothing
     assert out[2].score is None and out[2].failure == NO_LATER_TURN  # the last session: unknown, masked
+    assert len(backend.calls) == 1 and len(backend.calls[0]) == 2  # NIGHTS with the nurse turn, and without
+    again = judge.judge([nurse, ProxyInput("I am a nurse too.", later=later_targets(EPISODE, 0, NURSE, 2))])
+    assert [r.score for r in again] == [1.0, 1.0]
+    assert len(backend.calls[1]) == 1  # only the new memory's prompt: the rest is cached
     small = judge.judge([ProxyInput("The user is a nurse.", later=[GoldTarget((), WEEK, "nurse " * 9 + "ok")])])
     assert small[0].score == pytest.approx(information_value(0.2 * 9 / 10, 0.1)) == 1.0
     assert information_value(0.03, 0.1) == pytest.approx(0.3) and information_value(-0.5, 0.1) == 0.0
