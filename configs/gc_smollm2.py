@@ -17,11 +17,12 @@ without its final session: the evaluation's targets never train the policy), rep
 dozen tokens, every LLM request (the baselines' memory writing too) at `MAX_OUTPUT_TOKENS`. The warm-up's expert
 storylines are the offline persona-world ones (SmolLM2 cannot write the synthesis JSON). Timed on 2 cores
 (docs/benchmarks.md) at 4 evaluated episodes: synthesis and warm-up 2 min, the online stage 16 min, the evaluation
-2.5 (no memory) to 29 (long context) minutes per system; at 13 (issue 48) an evaluation takes about 3.3 times as
-long, so ours and ten baselines do not fit an hour. Rewards are `likelihood` (rl.likelihood: label-free, from
+2.5 (no memory) to 29 (long context) minutes per system. At this config's sizes (issue 48) the online stage took
+28.5 min (likelihood rewards, note re-asks) and ours' evaluation of 13 episodes had not finished in 61 min: a seed
+does not fit an hour yet. Rewards are `likelihood` (rl.likelihood: label-free, from
 SmolLM2's likelihood of the episode's own gold turns), the evaluation's replies greedy, and every target's memory
-gain scored (evaluation.memory_gain). `JAX_COMPILATION_CACHE_DIR=<dir>` keeps the programs that took over a second to compile for the next seed or
-system (JAX's persistent cache; it works on CPU).
+gain scored (evaluation.memory_gain). `JAX_COMPILATION_CACHE_DIR=<dir>` keeps the programs that took over a second
+to compile for the next seed or system (JAX's persistent cache; it works on CPU).
 """
 
 from __future__ import annotations

@@ -248,7 +248,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(power_markdown(tests, name(args.baseline)))
 
 
-__all__ = ["ALPHA", "DEFAULT_SAMPLES", "MIN_TARGETS", "PAPER_EFFECT", "PER_TARGET", "POWER", "Z_SUM", "PairedTest", "bleu_from_stats",
+__all__ = ["ALPHA", "DEFAULT_SAMPLES", "MIN_TARGETS", "PAPER_EFFECT", "PER_TARGET", "POWER", "Z_SUM", "PairedTest",
+           "bleu_from_stats",
            "bleu_test", "compare_rows", "format_p", "markdown", "needed_targets", "power_line", "power_markdown",
            "sentence_bleu_stats", "sign_flip_p_value"]
 

@@ -162,8 +162,8 @@ def condense_turns(backend: LLMBackend, items: Sequence[CondenseInput], *,
                 out[i] = Condensed(text=note[:_MAX_NOTE_CHARS], fallback=False, response=resp, replaces=replaces,
                                    problem=problem, rewritten=True)
                 continue
-        logger.warning("%s back end wrote an unusable note twice (the first note %s; finish_reason=%s); keeping the turn "
-                       "text as the memory", getattr(backend, "name", "?"), problem,
+        logger.warning("%s back end wrote an unusable note twice (the first note %s; finish_reason=%s); keeping "
+                       "the turn text as the memory", getattr(backend, "name", "?"), problem,
                        "FAILED" if isinstance(resp, BackendError) else resp.finish_reason)
         out[i] = Condensed(text=item.turn_text.strip(), fallback=True,
                            response=resp if isinstance(resp, LLMResponse) else answers[i], problem=problem,
