@@ -85,3 +85,22 @@ def random_items(n: int, vocab: int, *, seed: int = 0, length: int = 64, cands: 
                     TriggerItem(t_tok, t_mask, cand, int(rng.integers(0, n_opt)), float(rng.normal()),
                                 float(rng.normal()), 0.0)))
     return out
+
+
+def force_policies(monkeypatch, choose) -> None:
+    """Forces every Planner decision to save and every Trigger decision to `choose(cand_mask)` ([rows] actions from
+    the [rows, options] candidate mask); the real policies still run, so their statistics are recorded as usual."""
+    from icml_jax.agents import agent as agent_module
+
+    real_planner, real_trigger = agent_module.planner_act, agent_module.trigger_act
+
+    def always_save(graphdef, state, tokens, mask, key, *, greedy=False):
+        action, stats = real_planner(graphdef, state, tokens, mask, key, greedy=greedy)
+        return jnp.ones_like(action), stats
+
+    def chosen(graphdef, state, tokens, mask, cand_mask, key, *, greedy=False):
+        _, stats = real_trigger(graphdef, state, tokens, mask, cand_mask, key, greedy=greedy)
+        return jnp.asarray(choose(np.asarray(cand_mask)), jnp.int32), stats
+
+    monkeypatch.setattr(agent_module, "planner_act", always_save)
+    monkeypatch.setattr(agent_module, "trigger_act", chosen)

@@ -6,12 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from icml_jax.agents import agent as agent_module
 from icml_jax.agents.agent import AgentConfig
 from icml_jax.agents.policy import TRAINABLE
 from icml_jax.data.labels import planner_precision_recall, trigger_recall
@@ -25,7 +23,7 @@ from icml_jax.rl import (LearnerConfig, OnlineLearner, PPOConfig, RewardConfig, 
                           session_counts)
 from icml_jax.agents.tiny import learning_observation, learning_world
 from icml_jax.experiments.persona_run import PersonaRunConfig, build_learner
-from tests.rl.conftest import randomize_trainable
+from tests.rl.conftest import force_policies, randomize_trainable
 
 RUN = PersonaRunConfig()  # the learning test's model and PPO settings: compiled programs are shared with it
 NURSE, TIRED, WEEK = "I work as a nurse.", "I'm a bit tired today.", "How should I plan my week around work?"
@@ -41,18 +39,7 @@ def two_session_episode(episode_id: str) -> Episode:
 
 def test_truth_reward_flows_across_sessions_of_one_user_never_across_users(tmp_path, monkeypatch):
     """Forced policy: save every turn, use the newest memory. Two users with identical dialogues, one update."""
-    real_planner, real_trigger = agent_module.planner_act, agent_module.trigger_act
-
-    def always_save(graphdef, state, tokens, mask, key, *, greedy=False):
-        action, stats = real_planner(graphdef, state, tokens, mask, key, greedy=greedy)
-        return jnp.ones_like(action), stats
-
-    def newest_memory(graphdef, state, tokens, mask, cand_mask, key, *, greedy=False):
-        _, stats = real_trigger(graphdef, state, tokens, mask, cand_mask, key, greedy=greedy)
-        return jnp.asarray(np.asarray(cand_mask).sum(-1) - 1, jnp.int32), stats
-
-    monkeypatch.setattr(agent_module, "planner_act", always_save)
-    monkeypatch.setattr(agent_module, "trigger_act", newest_memory)
+    force_policies(monkeypatch, lambda cand_mask: cand_mask.sum(-1) - 1)  # the newest memory
     learner, _ = build_learner(dataclasses.replace(RUN, update_every=2), tmp_path)
     learner.run_episode(two_session_episode("A"))
     receipts_a = learner.last_receipts

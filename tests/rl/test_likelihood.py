@@ -8,11 +8,9 @@ import dataclasses
 import math
 import re
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from icml_jax.agents import agent as agent_module
 from icml_jax.data.schema import Episode, Session, Turn
 from icml_jax.llm import OfflineBackend
 from icml_jax.llm.judges import GoldTarget, ProxyInput, ProxyJudge, QualityInput, QualityJudge
@@ -21,6 +19,7 @@ from icml_jax.rl.config import RewardConfig
 from icml_jax.rl.likelihood import (NO_LATER_TURN, NO_NEXT_TURN, LikelihoodProxyJudge, LikelihoodQualityJudge,
                                     information_value, later_targets, likelihood_score, next_gold_turn,
                                     reward_judges)
+from tests.rl.conftest import force_policies
 
 NURSE, WEEK, NIGHTS = "I work as a nurse.", "How should I plan my week?", "Plan around your night shifts as a nurse."
 TIRED, HELLO = "I'm a bit tired today.", "Hello there!"
@@ -126,18 +125,7 @@ def test_the_learner_rewards_from_likelihoods_and_the_truth_reward_carries_the_l
     from icml_jax.experiments.persona_run import PersonaRunConfig, build_learner
     from icml_jax.rl.learner import OnlineLearner
 
-    real_planner, real_trigger = agent_module.planner_act, agent_module.trigger_act
-
-    def always_save(graphdef, state, tokens, mask, key, *, greedy=False):
-        action, stats = real_planner(graphdef, state, tokens, mask, key, greedy=greedy)
-        return jnp.ones_like(action), stats
-
-    def oldest_memory(graphdef, state, tokens, mask, cand_mask, key, *, greedy=False):
-        _, stats = real_trigger(graphdef, state, tokens, mask, cand_mask, key, greedy=greedy)
-        return jnp.asarray(np.where(np.asarray(cand_mask).sum(-1) >= 2, 1, 0), jnp.int32), stats  # 0: none
-
-    monkeypatch.setattr(agent_module, "planner_act", always_save)
-    monkeypatch.setattr(agent_module, "trigger_act", oldest_memory)
+    force_policies(monkeypatch, lambda cand_mask: np.where(cand_mask.sum(-1) >= 2, 1, 0))  # oldest; 0: none
     run = PersonaRunConfig()
     reward = dataclasses.replace(run.reward, source="likelihood", multi_trigger="max")
     base, tokenizer = build_learner(dataclasses.replace(run, reward=reward), tmp_path)
