@@ -52,7 +52,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.mode = ("synthesize", "warmup", "online")  # stages, run in this order
     config.seed = 0
     config.data = ml_collections.ConfigDict(dict(
-        name="persona_world",  # persona_world | msc | cc | gapchat
+        name="persona_world",  # persona_world | msc | cc | gapchat | locomo
         tfds_name=placeholder(str),  # e.g. "msc_episodes/parlai" (real datasets)
         split=placeholder(str),
         data_dir=placeholder(str),  # TFDS data_dir holding the built ArrayRecord files

@@ -45,7 +45,14 @@ from icml_jax.data.report import (
     UnknownDatasetError,
 )
 from icml_jax.data.schema import Episode, SchemaError, Session, Turn, TurnRef
-from icml_jax.data.sources import parse_cc, parse_gapchat, parse_msc_cc_style, parse_msc_parlai
+from icml_jax.data.sources import (
+    LocomoQuestion,
+    parse_cc,
+    parse_gapchat,
+    parse_locomo,
+    parse_msc_cc_style,
+    parse_msc_parlai,
+)
 from icml_jax.data.stream import (
     EVAL_OFFSET,
     EpisodeStream,
@@ -57,6 +64,7 @@ from icml_jax.data.stream import (
 from icml_jax.data.tfds_builders import (
     CcEpisodes,
     GapchatEpisodes,
+    LocomoEpisodes,
     MscEpisodes,
     build,
     data_source,
@@ -73,6 +81,8 @@ __all__ = [
     "Episode",
     "EpisodeStream",
     "GapchatEpisodes",
+    "LocomoEpisodes",
+    "LocomoQuestion",
     "MalformedFileError",
     "MalformedRecordError",
     "MissingManualDirError",
@@ -110,6 +120,7 @@ __all__ = [
     "online_stream",
     "parse_cc",
     "parse_gapchat",
+    "parse_locomo",
     "parse_msc_cc_style",
     "parse_msc_parlai",
     "persona_world_config",

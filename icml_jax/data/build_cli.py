@@ -2,6 +2,8 @@
 
     python -m icml_jax.data.build_cli --dataset=gapchat_episodes/protocol \
         --manual_dir=/path/to/gap_chat --data_dir=~/tensorflow_datasets [--skip_malformed] [--debug]
+    python -m icml_jax.data.build_cli --dataset=locomo_episodes/locomo7 \
+        --manual_dir=../shared/data/locomo --data_dir=/tmp/tfds    # locomo_episodes/full: locomo10.json
 
 Prints each split's parse report (what was read, kept, skipped and dropped). A user error (unknown dataset,
 missing folder or file, a file that is not UTF-8 or not JSON, a malformed record) ends in one line on stderr

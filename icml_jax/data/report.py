@@ -99,6 +99,9 @@ class ParseReport:
     blank_lines: int = 0
     unparsed_gaps: int = 0
     inferred_speakers: int = 0
+    questions: int = 0  # LoCoMo QA items read
+    evidence_normalised: int = 0  # LoCoMo evidence strings rewritten ("D8:6; D9:17" -> two ids) or dropped as repeats
+    evidence_unresolved: int = 0  # LoCoMo evidence strings or parts naming no turn, kept as unresolved
 
     def malformed(self, path: str, location: str, reason: str, *, skip: bool) -> None:
         """Raises MalformedRecordError, or records the skip when ``skip`` is true."""
@@ -127,9 +130,13 @@ class ParseReport:
 
     def summary(self) -> str:
         """One line for logs."""
-        return (
+        line = (
             f"{self.records_read} records read, {self.episodes} episodes kept, "
             f"{self.num_malformed_skipped} malformed skipped, {self.glitch_turns_dropped} glitch turns dropped "
             f"in {self.episodes_with_glitches} episodes, {self.empty_sessions_dropped} empty sessions dropped, "
             f"{self.unparsed_gaps} unparsed gaps, {self.inferred_speakers} inferred speakers"
         )
+        if self.questions:
+            line += (f", {self.questions} questions, {self.evidence_normalised} evidence ids normalised, "
+                     f"{self.evidence_unresolved} unresolved")
+        return line

@@ -5,8 +5,8 @@
 - ``persona_world``: ``generate_episode(world, i)`` for i = 0 .. ``config.data.train_episodes`` - 1 (the world
   from ``config.data.world``; with P JAX processes, process p plays i = p, p + P, ...); held-out: ``config.data.eval_episodes`` episodes from index ``EVAL_OFFSET`` on.
   The agent acts on the world's ``user_speaker`` turns.
-- ``msc`` / ``cc`` / ``gapchat``: the built TFDS split ``config.data.split`` of ``config.data.tfds_name`` under
-  ``config.data.data_dir`` through the Grain ``train_pipeline`` (shuffled with ``config.seed``, sharded over
+- ``msc`` / ``cc`` / ``gapchat`` / ``locomo``: the built TFDS split ``config.data.split`` of
+  ``config.data.tfds_name`` under ``config.data.data_dir`` through the Grain ``train_pipeline`` (shuffled with ``config.seed``, sharded over
   JAX processes with equal shards, reshuffled every epoch), cut at ``config.data.train_episodes`` episodes
   per process. A split smaller than that repeats: epoch after epoch, each a new permutation. The agent acts
   at every turn (``user_speaker`` None), as the evaluation protocol has it for online learning
@@ -14,8 +14,9 @@
   session is the evaluation's target, so no policy ever learns from a reply the evaluation scores (test-time
   adaptation; ``config.data.train_final_sessions`` True plays it too, and the evaluation then refuses a policy
   that trained on an evaluated episode's final session). ``config.data.max_session_turns`` cuts every session to
-  its first N turns, here and in the evaluation alike (``clip_sessions``). Held-out: none, see
-  ``held_out_episodes``.
+  its first N turns, here and in the evaluation alike (``clip_sessions``). Every episode is played without its
+  labels (``locomo.without_labels``: LoCoMo's questions, answers, evidence and annotations never reach the
+  learner). Held-out: none, see ``held_out_episodes``.
 
 ``get_state()`` is a small JSON-safe dict taken between episodes; ``set_state`` on a fresh stream built from
 the same config continues at the same episode. It checks the state belongs to this stream (kind, world,
@@ -40,10 +41,11 @@ import ml_collections
 
 from icml_jax.data.persona_world import PersonaWorldConfig, generate_episode, generate_episodes
 from icml_jax.data.schema import Episode
+from icml_jax.data.sources.locomo import without_labels
 
 EVAL_OFFSET = 1_000_000  # held-out persona-world episodes are generated from this index on
 PERSONA_WORLD = "persona_world"
-REAL_DATASETS = ("msc", "cc", "gapchat")
+REAL_DATASETS = ("msc", "cc", "gapchat", "locomo")
 DATASETS = (PERSONA_WORLD, *REAL_DATASETS)
 BUILD_HINT = ("build it with `python -m icml_jax.data.build_cli --dataset=<tfds_name> --manual_dir=<raw files> "
               "--data_dir=<data_dir>` (README, Data)")
@@ -201,7 +203,7 @@ class TfdsEpisodeStream(EpisodeStream):
             raise StopIteration
         episode = next(self._it)
         self.yielded += 1
-        episode = clip_sessions(episode, self.max_session_turns)
+        episode = clip_sessions(without_labels(episode), self.max_session_turns)
         return episode if self.final_sessions else history_sessions(episode)
 
     def get_state(self) -> dict[str, Any]:
@@ -278,7 +280,7 @@ def held_out_episodes(config: ml_collections.ConfigDict) -> list[Episode]:
     """Labelled episodes for the before/after evaluation; [] when the dataset has none.
 
     Persona world: ``config.data.eval_episodes`` episodes from ``EVAL_OFFSET`` on (never played online).
-    MSC / CC / GapChat: []. The held-out evaluation reports label metrics (planner precision / recall,
+    MSC / CC / GapChat / LoCoMo: []. The held-out evaluation reports label metrics (planner precision / recall,
     trigger recall from ``y_p`` / ``y_t``); the builders store no labels for real data (the sources have
     none), so those metrics would all be NaN. Real-data runs are judged by the online stage's own per-session
     and final-session numbers instead.

@@ -1,4 +1,4 @@
-"""TFDS builders for MSC, Conversation Chronicles and GapChat, writing ArrayRecord files, without TensorFlow.
+"""TFDS builders for MSC, Conversation Chronicles, GapChat and LoCoMo, writing ArrayRecord files, without TensorFlow.
 
 Each example is one Episode stored as its exact JSON (``Episode.to_json``) plus a few flat columns for
 browsing; reading back gives the internal schema exactly (``episode_from_record``). The raw files come
@@ -12,7 +12,8 @@ icml_jax.data.build_cli`` instead of ``tfds build``.
 
 Builder names (register on import of this module): ``msc_episodes`` (configs ``parlai``, ``cc_style``,
 ``theanine_sample``), ``cc_episodes`` (``test``, ``full``), ``gapchat_episodes`` (``protocol``, ``full``,
-``sample``).
+``sample``), ``locomo_episodes`` (``locomo7``, ``full``; each Episode carries its questions in
+``meta["qa"]``, see ``icml_jax.data.sources.locomo``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from etils import epath
 
 from icml_jax.data.report import MissingManualDirError, ParseReport, UnknownDatasetError
 from icml_jax.data.schema import Episode
-from icml_jax.data.sources import cc, gapchat, msc
+from icml_jax.data.sources import cc, gapchat, locomo, msc
 
 FILE_FORMAT = "array_record"
 
@@ -57,6 +58,8 @@ def _parse_fn(layout: str, relpath: str) -> ParseFn:
     if layout == "gapchat":
         prefix = gapchat.default_id_prefix(relpath)
         return lambda p, **kw: gapchat.parse_gapchat(p, relpath=relpath, id_prefix=prefix, **kw)
+    if layout == "locomo":
+        return lambda p, **kw: locomo.parse_locomo(p, relpath=relpath, **kw)
     raise ValueError(f"unknown layout {layout!r}")
 
 
@@ -259,10 +262,36 @@ class GapchatEpisodes(_EpisodeBuilder):
     """
 
 
+class LocomoEpisodes(_EpisodeBuilder):
+    """LoCoMo conversations, one Episode each, with their questions in ``meta["qa"]`` (``locomo.questions``)."""
+
+    DESCRIPTION = "LoCoMo (Maharana et al. 2024) as icml_jax Episodes, QA items in meta['qa']."
+    HOMEPAGE = "https://github.com/snap-research/locomo"
+    BUILDER_CONFIGS = [
+        EpisodeConfig(
+            name="locomo7",
+            description="The 7 of 10 conversations in shared/data/locomo: manual_dir/locomo7.json.",
+            split_files=(("test", "locomo7.json"),),
+            layout="locomo",
+        ),
+        EpisodeConfig(
+            name="full",
+            description="The whole release, read unchanged: manual_dir/locomo10.json.",
+            split_files=(("test", "locomo10.json"),),
+            layout="locomo",
+        ),
+    ]
+    MANUAL_DOWNLOAD_INSTRUCTIONS = f"""
+    Config `full`: put data/locomo10.json of {locomo.GITHUB_URL} directly in manual_dir.
+    Config `locomo7`: manual_dir holds locomo7.json (shared/data/locomo has it).
+    """
+
+
 BUILDERS: dict[str, type[_EpisodeBuilder]] = {
     "msc": MscEpisodes,
     "cc": CcEpisodes,
     "gapchat": GapchatEpisodes,
+    "locomo": LocomoEpisodes,
 }
 
 
@@ -317,6 +346,7 @@ __all__ = [
     "CcEpisodes",
     "EpisodeConfig",
     "GapchatEpisodes",
+    "LocomoEpisodes",
     "MscEpisodes",
     "build",
     "builder_class",

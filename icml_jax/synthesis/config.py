@@ -61,8 +61,8 @@ class SynthesisConfig:
       seed_source: where seed sessions come from. "data": the first session of the episodes the online stage
         plays (the paper's seed is the new user's first real interaction; `seeds.seeds_from_episodes`, never a
         final session); "world": constraints drawn from the persona world's vocabulary, the seed session
-        written by the back end; "auto" (default): "data" on a real dataset (msc, cc, gapchat), "world" on the
-        persona world. Resolved by the main job, which knows the dataset
+        written by the back end; "auto" (default): "data" on a real dataset (msc, cc, gapchat, locomo), "world"
+        on the persona world. Resolved by the main job, which knows the dataset
         (`icml_jax.stages.synthesize.synthesis_seeds`).
       seeds_file: optional JSONL of seeds ({"seed_id", "facts": [...], "session": optional Session dict}) used
         instead of any other source; a given session skips the seed-writing request.

@@ -228,6 +228,22 @@ def test_check_data_config_passes_and_only_checks_data_for_online(built: Path) -
         online_stream(persona_config(train=0))
 
 
+def test_locomo_stream_plays_the_conversations_without_questions_or_annotations(tmp_path: Path,
+                                                                               fixtures: Path) -> None:
+    """config.data.name="locomo": a real dataset whose online episodes never carry its QA labels (issue 49)."""
+    tb.build("locomo_episodes/full", manual_dir=fixtures / "locomo", data_dir=tmp_path)
+    config = real_config(tmp_path, split="test", train=4, name="locomo", tfds_name="locomo_episodes/full")
+    check_data_config(config, ("online",))
+    played = list(online_stream(config))
+    full = {e.episode_id: e for e in tb.read_episodes("locomo_episodes/full", "test", data_dir=tmp_path)}
+    assert sorted(_ids(played)) == ["conv-1", "conv-1", "conv-2", "conv-2"]
+    for ep in played:
+        assert "qa" not in ep.meta and "annotations" not in ep.meta and "qa" in full[ep.episode_id].meta
+        assert ep.sessions == full[ep.episode_id].sessions[:-1]
+        assert "evidence" not in ep.to_json() and "adversarial_answer" not in ep.to_json()
+    assert user_speaker(config) is None and held_out_episodes(config) == []
+
+
 def test_real_stream_plays_each_episode_without_its_final_session_unless_told(built: Path) -> None:
     """The final session is the evaluation's target: by default the online stream never yields it."""
     from icml_jax.data.tfds_builders import read_episodes

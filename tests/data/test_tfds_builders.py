@@ -120,3 +120,35 @@ def test_build_cli(tmp_path: Path, fixtures: Path, capsys: pytest.CaptureFixture
     assert info["name"] == "gapchat_episodes"
     assert build_cli.main(argv) == 0  # a second run reuses the data and shows the saved reports
     assert "report_test_4 (saved)" in capsys.readouterr().out
+
+
+def test_locomo_fixture_builds_and_reads_back_with_its_questions(tmp_path: Path, fixtures: Path) -> None:
+    """locomo_episodes/full on the tiny fixture: the Episodes, their questions (meta["qa"]) and the counts."""
+    from icml_jax.data.sources.locomo import parse_locomo, questions
+
+    b = tb.build("locomo_episodes/full", manual_dir=fixtures / "locomo", data_dir=tmp_path)
+    assert b.info.splits["test"].num_examples == 2
+    assert (b.reports["test"].questions, b.reports["test"].evidence_unresolved) == (12, 2)
+    got = _by_id(tb.read_episodes("locomo_episodes/full", "test", data_dir=tmp_path))
+    want = _by_id(parse_locomo(fixtures / "locomo/locomo10.json"))
+    assert got == want and questions(got["conv-1"]) == questions(want["conv-1"])
+    meta = tfds.builder("locomo_episodes/full", data_dir=tmp_path).info.metadata["report_test"]
+    assert (meta["questions"], meta["evidence_normalised"]) == (12, 4)
+    assert "tensorflow" not in sys.modules
+
+
+def test_locomo7_build_cli_on_the_shared_file(tmp_path: Path, shared_data: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """python -m icml_jax.data.build_cli --dataset=locomo_episodes/locomo7 --manual_dir=../shared/data/locomo."""
+    from icml_jax.data import build_cli
+
+    argv = ["--dataset=locomo_episodes/locomo7", f"--manual_dir={shared_data / 'locomo'}", f"--data_dir={tmp_path}"]
+    assert build_cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "test: 7 records read, 7 episodes kept" in out
+    assert "1347 questions, 2 evidence ids normalised, 3 unresolved" in out
+    assert len(tb.read_episodes("locomo_episodes/locomo7", "test", data_dir=tmp_path)) == 7
+    assert build_cli.main(["--dataset=locomo_episodes/full", f"--manual_dir={shared_data / 'locomo'}",
+                           f"--data_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "missing file" in err and "locomo10.json" in err and "snap-research/locomo" in err
