@@ -216,7 +216,8 @@ def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
                                                        scale=reward.likelihood_scale)
             learner = OnlineLearner(policies, ctx.tokenizer, ctx.store, ctx.generator, proxy_judge=proxy_judge,
                                     quality_judge=quality_judge, config=spec.learner)
-            agent = LearningAgent(learner, temperature=reply_temperature(config))
+            agent = LearningAgent(learner, temperature=reply_temperature(config),
+                                  lockstep=spec.learner.users_in_flight)
         else:
             agent = PolicyAgent(MemoryAgent(policies, ctx.tokenizer, ctx.store, ctx.generator,
                                             config=dataclasses.replace(spec.agent, greedy=True), seed=int(config.seed),

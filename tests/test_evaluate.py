@@ -113,8 +113,10 @@ def test_bertscore_and_mauve_from_local_models_recompute_from_targets(warmed, tm
     assert "not computed" not in (workdir / ev.EVAL_DIR / RESULTS_MD).read_text()
 
 
-def test_learning_during_the_evaluation_updates_the_policy_before_each_final_session(warmed, tmp_path,
-                                                                                    monkeypatch):
+def test_learning_during_the_evaluation_updates_the_policy_before_each_groups_final_sessions(warmed, tmp_path,
+                                                                                           monkeypatch):
+    """eval.learn with users_in_flight=2: the history sessions of two episodes at a time in one batched learner
+    step per tick (protocol.play_group), one update that changes the policy before their targets."""
     import shutil
 
     import jax
@@ -128,6 +130,7 @@ def test_learning_during_the_evaluation_updates_the_policy_before_each_final_ses
     shutil.copytree(workdir, work, ignore=shutil.ignore_patterns(ev.EVAL_DIR))
     config = config.copy_and_resolve_references()
     config.eval.learn = True
+    config.learner.update_every = config.learner.users_in_flight = 2
     changed, real_update = [], OnlineLearner.update
 
     def spy(self):  # each update must change the policy's parameters
@@ -140,8 +143,9 @@ def test_learning_during_the_evaluation_updates_the_policy_before_each_final_ses
     monkeypatch.setattr(OnlineLearner, "update", spy)
     content = ev.evaluate_workdir(config, work)
     episodes = held_out_episodes(config)
-    assert content["setting"]["learning"] == {"online": True, "updates": len(episodes)}
-    assert changed == [True] * len(episodes)
+    groups = -(-len(episodes) // 2)
+    assert len(episodes) >= 2 and content["setting"]["learning"] == {"online": True, "updates": groups}
+    assert changed == [True] * groups
     assert content["targets"] == sum(len(e.sessions[-1].turns) - 1 for e in episodes)
 
 

@@ -8,7 +8,8 @@ session) and the Planner's save (memory construction) on every turn the agent ac
 scored and not generated. The final session changes no memory, so its replies are written in one back-end call
 (a batch for the local back end, concurrent requests for Gemini). Timings are host wall time: per Trigger
 call, per save decision, per reply as the batch's time over its size, and per session; the generator's tokens
-are read per session too.
+are read per session too. An agent with `lockstep` > 1 (the learner of `eval.learn`) plays the history sessions of
+that many episodes together (`play_group`), a tick's time and tokens shared by its turns.
 """
 
 from __future__ import annotations
@@ -142,28 +143,42 @@ class PolicyAgent:
 
 class LearningAgent(PolicyAgent):
     """The policies learning online during the evaluation (`eval.learn`): every history-session turn is a turn
-    of Algorithm 1 (`OnlineLearner.step_turn`: Trigger, reply, Planner, both judges), and before the final
+    of Algorithm 1 (`OnlineLearner.step_turns`: Trigger, reply, Planner, both judges), and before the final
     session the user is closed and the joint PPO update runs; the targets are then answered greedily by the
-    updated policy. The learning carries over from episode to episode, as online."""
+    updated policy. The learning carries over from episode to episode, as online. `lockstep`: episodes whose
+    history sessions are played together, their decisions batched, with one update before their targets (the
+    learner's `users_in_flight`, as online)."""
 
-    def __init__(self, learner, name: str = "icml-online", temperature: float | None = None) -> None:
+    def __init__(self, learner, name: str = "icml-online", temperature: float | None = None,
+                 lockstep: int = 1) -> None:
         super().__init__(learner.agent, name, temperature)
-        self.learner = learner
+        self.learner, self.lockstep = learner, int(lockstep)
         self.updates: list[dict[str, float]] = []
 
     def observe(self, user_id, episode, session, turn, history):
-        start = time.perf_counter()
-        # the learner sees the episode without its final session: its turns are the scored targets, and a reward
-        # that reads later gold turns (rl.likelihood) must never read them
-        played = dataclasses.replace(episode, sessions=episode.sessions[:-1])
-        receipt = self.learner.step_turn(played, user_id, session, turn, tuple(history))
-        ms = 1e3 * (time.perf_counter() - start)
-        return self._choice(receipt.trigger, receipt.memory_used), receipt.planner.save, ms
+        return self.observe_many([(user_id, episode, session, turn, history)])[0]
 
-    def answer(self, user_id, episode, targets, histories):
-        self.learner.close_user(user_id)
+    def observe_many(self, items):
+        """One history turn of each of several users, played in one batched learner step; each turn's time is
+        the step's share."""
+        start = time.perf_counter()
+        # the learner sees each episode without its final session: its turns are the scored targets, and a
+        # reward that reads later gold turns (rl.likelihood) must never read them
+        receipts = self.learner.step_turns([
+            (dataclasses.replace(episode, sessions=episode.sessions[:-1]), user, session, turn, tuple(history))
+            for user, episode, session, turn, history in items])
+        ms = 1e3 * (time.perf_counter() - start) / max(1, len(items))
+        return [(self._choice(r.trigger, r.memory_used), r.planner.save, ms) for r in receipts]
+
+    def end_histories(self, user_ids):
+        """The users' history sessions are over: close them and run the update their decisions wait for."""
+        for user in user_ids:
+            self.learner.close_user(user)
         if self.learner.has_pending():
             self.updates.append(self.learner.update())
+
+    def answer(self, user_id, episode, targets, histories):
+        self.end_histories([user_id])
         sampling = self.agent.config
         self.agent.config = dataclasses.replace(sampling, greedy=True)
         try:
@@ -231,41 +246,126 @@ def play_episode(agent: EvalAgent, episode: Episode, *, user_speaker: str | None
     """Runs the protocol on one episode (see the module docstring); `user_speaker` = whose turns the agent acts
     on in the earlier sessions (None: every turn); `usage`: the generator's cumulative {"calls", "prompt_tokens",
     "output_tokens"}, read at session boundaries for the per-session token cost."""
-    if len(episode.sessions) < 2:
-        raise ValueError(f"evaluation episode {episode.episode_id} has {len(episode.sessions)} session(s); "
-                         "the protocol needs history sessions before the final one")
-    agent.reset()
-    user = episode.episode_id
-    receipts, storage, memories, construction, saved_turns = [], [], [], [], []
-    observed, observe_retrieval, session_ms, session_usage = [], [], [], []
+    (result,) = play_group(agent, [episode], user_speaker=user_speaker, count_tokens=count_tokens, usage=usage)
+    return result
+
+
+@dataclasses.dataclass
+class _Play:
+    """One episode's history sessions while they are played: its schedule and what is measured of it."""
+
+    schedule: list[tuple[int, int, tuple[tuple[str, str], ...]]]  # (session, turn, history) of each acted turn
+    receipts: list[SimpleNamespace] = dataclasses.field(default_factory=list)
+    storage: list[int] = dataclasses.field(default_factory=list)
+    memories: list[int] = dataclasses.field(default_factory=list)
+    construction: list[float] = dataclasses.field(default_factory=list)
+    saved: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    observed: list[int] = dataclasses.field(default_factory=list)
+    observe_retrieval: list[float] = dataclasses.field(default_factory=list)
+    session_ms: list[float] = dataclasses.field(default_factory=list)
+    session_usage: list[dict[str, int]] = dataclasses.field(default_factory=list)
+    done: int = 0  # entries of `schedule` played
+
+    def session_now(self, history_sessions: int) -> int:
+        """The session of the next turn to play (`history_sessions` once every one is played)."""
+        return self.schedule[self.done][0] if self.done < len(self.schedule) else history_sessions
+
+
+def _history_schedule(episode: Episode, user_speaker: str | None) -> list[tuple[int, int, tuple[tuple[str, str], ...]]]:
+    """(session, turn, gold history before it) of each history-session turn the agent acts on, in order."""
+    out = []
     for s, session in enumerate(episode.sessions[:-1]):
         history: list[tuple[str, str]] = []
-        before, session_start = _usage_now(usage), time.perf_counter()
         for t, turn in enumerate(session.turns):
             if user_speaker is None or turn.speaker == user_speaker:
-                start = time.perf_counter()
-                choice, saved, ms = agent.observe(user, episode, s, t, history)
-                observe_retrieval.append(max(0.0, 1e3 * (time.perf_counter() - start) - ms))
-                observed.append(s)
-                construction.append(ms)
-                receipts.append(_receipt(s, t, choice, saved))
-                if saved:
-                    saved_turns.append({"session": s, "turn": t, "history": list(history)})
+                out.append((s, t, tuple(history)))
             history.append((turn.speaker, turn.text))
-        session_ms.append(1e3 * (time.perf_counter() - session_start))
-        session_usage.append(_usage_delta(usage, before))
-        texts = agent.memory_texts(user)
-        storage.append(sum(count_tokens(x) for x in texts))
-        memories.append(len(texts))
+    return out
+
+
+def _observe_tick(agent: EvalAgent, items: list[tuple[str, Episode, int, int, list[tuple[str, str]]]]
+                  ) -> list[tuple[MemoryChoice, bool | None, float]]:
+    """One turn of each of several users: in one batched call where the agent has `observe_many`, else one
+    `observe` after another."""
+    many = getattr(agent, "observe_many", None)
+    if many is not None:
+        return list(many(items))
+    return [agent.observe(*item) for item in items]
+
+
+def play_group(agent: EvalAgent, episodes: Sequence[Episode], *, user_speaker: str | None,
+               count_tokens: Callable[[str], int],
+               usage: Callable[[], Mapping[str, int]] | None = None) -> list[EpisodeResult]:
+    """The protocol on episodes of distinct users played together: their history sessions in lockstep (per
+    tick, each episode's next acted turn; one batched call where the agent has `observe_many`), then, after the
+    agent's `end_histories` (a learner's update), each episode's final session in order. A tick's wall time and
+    generator usage are shared equally by its turns; one episode alone is played exactly as sequential play.
+    """
+    users = [e.episode_id for e in episodes]
+    if len(set(users)) != len(users):
+        raise ValueError(f"play_group: the episodes of a group must be distinct users, got {users}")
+    for episode in episodes:
+        if len(episode.sessions) < 2:
+            raise ValueError(f"evaluation episode {episode.episode_id} has {len(episode.sessions)} session(s); "
+                             "the protocol needs history sessions before the final one")
+    agent.reset()
+    plays = [_Play(_history_schedule(e, user_speaker)) for e in episodes]
+    sums = [[[0.0, {}] for _ in e.sessions[:-1]] for e in episodes]  # per history session: ms, usage
+
+    def close_sessions(i: int) -> None:  # snapshot storage for every session episode i has finished
+        play, history_sessions = plays[i], len(episodes[i].sessions) - 1
+        while len(play.storage) < min(play.session_now(history_sessions), history_sessions):
+            texts = agent.memory_texts(users[i])
+            play.storage.append(sum(count_tokens(x) for x in texts))
+            play.memories.append(len(texts))
+
+    for i in range(len(episodes)):
+        close_sessions(i)
+    while any(p.done < len(p.schedule) for p in plays):
+        tick = [i for i, p in enumerate(plays) if p.done < len(p.schedule)]
+        items = [(users[i], episodes[i], *plays[i].schedule[plays[i].done][:2],
+                  list(plays[i].schedule[plays[i].done][2])) for i in tick]
+        before, start = _usage_now(usage), time.perf_counter()
+        outcomes = _observe_tick(agent, items)
+        share = 1e3 * (time.perf_counter() - start) / len(tick)
+        spent = _usage_delta(usage, before)
+        for i, (_, _, s, t, history), (choice, saved, ms) in zip(tick, items, outcomes, strict=True):
+            play = plays[i]
+            play.observe_retrieval.append(max(0.0, share - ms))
+            play.observed.append(s)
+            play.construction.append(ms)
+            play.receipts.append(_receipt(s, t, choice, saved))
+            if saved:
+                play.saved.append({"session": s, "turn": t, "history": history})
+            sums[i][s][0] += share
+            for k, v in spent.items():
+                sums[i][s][1][k] = sums[i][s][1].get(k, 0) + v / len(tick)
+            play.done += 1
+        for i in tick:
+            close_sessions(i)
+    for i, play in enumerate(plays):
+        play.session_ms = [ms for ms, _ in sums[i]]
+        play.session_usage = [{k: round(v) for k, v in spent.items()} if usage is not None else {}
+                              for _, spent in sums[i]]
+    end = getattr(agent, "end_histories", None)
+    if end is not None:
+        end(users)
+    return [_answer_final(agent, e, p, count_tokens=count_tokens, usage=usage) for e, p in zip(episodes, plays)]
+
+
+def _answer_final(agent: EvalAgent, episode: Episode, play: _Play, *, count_tokens: Callable[[str], int],
+                  usage: Callable[[], Mapping[str, int]] | None) -> EpisodeResult:
+    """An episode's final session, once its history is played: every target's reply and its row."""
+    user = episode.episode_id
     final = len(episode.sessions) - 1
     turns = episode.sessions[final].turns
-    rows = []
+    rows, receipts = [], list(play.receipts)
     targets = final_session_targets(episode)
     histories = [list(gold_history(episode, target.session, target.turn)) for target in targets]
     before, session_start = _usage_now(usage), time.perf_counter()
     replies = agent.answer(user, episode, targets, histories)
-    session_ms.append(1e3 * (time.perf_counter() - session_start))
-    session_usage.append(_usage_delta(usage, before))
+    session_ms = play.session_ms + [1e3 * (time.perf_counter() - session_start)]
+    session_usage = play.session_usage + [_usage_delta(usage, before)]
     for target, history, reply in zip(targets, histories, replies, strict=True):
         receipts.append(_receipt(final, target.turn - 1, reply.memory, None))
         y_t = turns[target.turn - 1].y_t  # None: unlabelled (real data); (): labelled, needs no memory
@@ -285,8 +385,8 @@ def play_episode(agent: EvalAgent, episode: Episode, *, user_speaker: str | None
             "memory_tokens": count_tokens(reply.memory.text) if reply.memory.text else 0,
             "retrieval_ms": reply.retrieval_ms, "generation_ms": reply.generation_ms,
         })
-    return EpisodeResult(episode.episode_id, rows, session_counts(episode, receipts), storage, memories,
-                         construction, saved_turns, observed, observe_retrieval, session_ms,
+    return EpisodeResult(episode.episode_id, rows, session_counts(episode, receipts), play.storage, play.memories,
+                         play.construction, play.saved, play.observed, play.observe_retrieval, session_ms,
                          session_usage if usage is not None else [])
 
 
@@ -302,25 +402,42 @@ def play(agent: EvalAgent, episodes: Iterable[Episode], *, user_speaker: str | N
          count_tokens: Callable[[str], int], progress: Callable[[Iterable], Iterable] = iter,
          failures: list[dict[str, str]] | None = None,
          usage: Callable[[], Mapping[str, int]] | None = None) -> list[EpisodeResult]:
-    """`play_episode` over `episodes`, in order (`progress` wraps the iteration, e.g. a tqdm bar).
+    """`play_episode` over `episodes`, in order (`progress` wraps the iteration, e.g. a tqdm bar); an agent with
+    `lockstep` > 1 plays consecutive groups of that many episodes together (`play_group`).
 
     With a `failures` list, an episode during which a back-end request fails for good (BackendError: retries
-    exhausted) is skipped and recorded there ({"episode_id", "error"}) instead of ending the evaluation; the
-    requests answered before the failure stay in the answer cache, so a rerun asks only for the rest.
+    exhausted) is skipped and recorded there ({"episode_id", "error"}) instead of ending the evaluation (every
+    episode of its group, in lockstep); the requests answered before the failure stay in the answer cache, so a
+    rerun asks only for the rest.
     """
     from icml_jax.llm.types import BackendError
 
-    out = []
-    for episode in progress(episodes):
+    size = int(getattr(agent, "lockstep", 1))
+    if size < 1:
+        raise ValueError(f"{getattr(agent, 'name', agent)!r}: lockstep must be a positive int, got {size}")
+    out: list[EpisodeResult] = []
+    group: list[Episode] = []
+
+    def flush() -> None:
         try:
-            out.append(play_episode(agent, episode, user_speaker=user_speaker, count_tokens=count_tokens,
-                                    usage=usage))
+            out.extend(play_group(agent, group, user_speaker=user_speaker, count_tokens=count_tokens, usage=usage))
         except BackendError as exc:
             if failures is None:
                 raise
-            failures.append({"episode_id": episode.episode_id, "error": str(exc)})
+            failures.extend({"episode_id": e.episode_id, "error": str(exc)} for e in group)
+        group.clear()
+
+    for episode in progress(episodes):
+        if any(e.episode_id == episode.episode_id for e in group):  # the same user twice: one after the other
+            flush()
+        group.append(episode)
+        if len(group) == size:
+            flush()
+    if group:
+        flush()
     return out
 
 
 __all__ = ["AgentReply", "EpisodeResult", "EvalAgent", "LearningAgent", "MemoryChoice", "PolicyAgent",
-           "gold_history", "history_hash", "judged_ref", "play", "play_episode", "reply_temperature"]
+           "gold_history", "history_hash", "judged_ref", "play", "play_episode", "play_group",
+           "reply_temperature"]

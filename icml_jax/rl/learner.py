@@ -231,10 +231,19 @@ class OnlineLearner:
     def step_turn(self, episode: Episode, user: str, session: int, turn: int,
                   history: Sequence[tuple[str, str]], episode_key: int | None = None) -> Receipt:
         """One user turn of Algorithm 1; the decision waits for the next update with its rewards."""
+        (receipt,) = self.step_turns([(episode, user, session, turn, tuple(history))], episode_key)
+        return receipt
+
+    def step_turns(self, turns: Sequence[tuple[Episode, str, int, int, Sequence[tuple[str, str]]]],
+                   episode_key: int | None = None) -> list[Receipt]:
+        """One turn of each of several distinct users, (episode, user, session, turn, history) each, decided in
+        one batched step (as `run_episodes` plays a tick); the decisions wait for the next update."""
+        if len({user for _, user, *_ in turns}) != len(turns):
+            raise ValueError(f"OnlineLearner.step_turns: one turn per user, got users {[t[1] for t in turns]}")
         key = self.episodes_seen if episode_key is None else episode_key
-        (record,) = self._play_turns([(episode, user, session, turn, tuple(history), key)])
-        self._turns.append(record)
-        return record.receipt
+        records = self._play_turns([(e, u, s, t, tuple(h), key) for e, u, s, t, h in turns])
+        self._turns += records
+        return [record.receipt for record in records]
 
     def _play_turns(self, turns: Sequence[tuple[Episode, str, int, int, tuple[tuple[str, str], ...], int]]
                     ) -> list[TurnRecord]:

@@ -157,10 +157,10 @@ def test_the_evaluations_test_time_learner_never_sees_the_final_session():
     class Learner:
         agent = SimpleNamespace(config=None)
 
-        def step_turn(self, episode, user, session, turn, history):
-            seen.append(episode)
-            return SimpleNamespace(trigger=SimpleNamespace(prob=1.0), memory_used=None,
-                                   planner=SimpleNamespace(save=False))
+        def step_turns(self, turns):
+            seen.extend(episode for episode, *_ in turns)
+            return [SimpleNamespace(trigger=SimpleNamespace(prob=1.0), memory_used=None,
+                                    planner=SimpleNamespace(save=False)) for _ in turns]
 
     LearningAgent(Learner()).observe("u", EPISODE, 1, 0, ())
     (played,) = seen
