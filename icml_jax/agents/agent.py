@@ -20,7 +20,7 @@ from icml_jax.agents import observation as obs
 from icml_jax.agents.prefilter import Prefilter, memory_document
 from icml_jax.agents.policy import MemoryPolicies, planner_act, trigger_act
 from icml_jax.llm.generation import Reply, ReplyInput, generate_replies
-from icml_jax.llm.types import LLMBackend
+from icml_jax.llm.types import LLMBackend, LLMResponse
 from icml_jax.memory.fragment import Fragment
 from icml_jax.memory.lexical import bm25_scores
 from icml_jax.memory.store import MemoryStore
@@ -143,6 +143,7 @@ LEARNER_KEYS = ("reply_temperature", "reply_max_tokens", "note_max_tokens", "pla
 PLANNER_RULES = ("policy", "save_all")
 TRIGGER_RULES = ("policy", "lexical")
 _NO_TOKENS = np.zeros((0,), np.int32)
+_NO_REPLY = Reply("", LLMResponse(""))  # step_many(reply=False): no reply written, no token spent
 
 
 @dataclasses.dataclass(frozen=True)
@@ -439,10 +440,12 @@ class MemoryAgent:
         return self.step_many([turn_input], pool=pool)[0]
 
     def step_many(self, turns: Sequence[TurnInput], *, keys: tuple[np.ndarray, np.ndarray] | None = None,
-                  pool: cf.Executor | None = None) -> list[tuple[str, Receipt]]:
+                  pool: cf.Executor | None = None, reply: bool = True) -> list[tuple[str, Receipt]]:
         """One turn each for several users (at most one turn per user: each sees its own memory as left by its
         previous turn): one Trigger and one Planner forward pass over all of them, one back-end call per kind of
         request. `keys`: (Trigger keys, Planner keys), raw key data, one per turn (None: the agent's stream).
+        `reply=False`: no reply is written (each comes back ""), for replayed dialogue whose rewards never read
+        one (rl.likelihood); the decisions and memories are the same.
 
         With a remote generator or condenser the reply and condense requests go out together on `pool` (the
         agent's own one-thread pool when None); decisions, store reads and writes stay on this thread, in the
@@ -453,8 +456,9 @@ class MemoryAgent:
             raise ValueError(f"MemoryAgent.step_many: one turn per user, got users {users}")
         t_keys, p_keys = keys if keys is not None else (None, None)
         chosen = self.choose_memories(turns, t_keys)
-        write = functools.partial(self.write_replies, [(t.utterance, used, t.history, t.metadata)
-                                                       for t, (_, used) in zip(turns, chosen, strict=True)])
+        write = (functools.partial(self.write_replies, [(t.utterance, used, t.history, t.metadata)
+                                                        for t, (_, used) in zip(turns, chosen, strict=True)])
+                 if reply else lambda: [_NO_REPLY] * len(turns))
         if not self.is_remote:
             replies = write()
             planners = self.decide_saves(turns, p_keys)

@@ -291,6 +291,7 @@ class QualityJudge(_Judge):
     """Reply quality on five 1-5 dimensions, normalised to [0, 1]; the mean is the quality reward r_qual."""
 
     kind = "quality"
+    reads_reply = True  # the learner writes each turn's reply for it (OnlineLearner.writes_replies)
 
     def __init__(
         self,

@@ -264,7 +264,7 @@ class OnlineLearner:
         remote_proxy = pool is not None and getattr(self.proxy_judge.backend, "remote", False)
         proxy_f = pool.submit(self.proxy_judge.judge, proxy_inputs) if remote_proxy else None
         try:  # the proxy judge needs only the turns: with remote back ends it is in flight during the agent's step
-            steps = self.agent.step_many(inputs, keys=keys, pool=pool)
+            steps = self.agent.step_many(inputs, keys=keys, pool=pool, reply=self.writes_replies)
             qualities = self.quality_judge.judge([
                 QualityInput(hist, item.text, reply, r.memory_used.text if r.memory_used else None,
                              label_needed=None if item.y_t is None else
@@ -298,6 +298,12 @@ class OnlineLearner:
             records.append(TurnRecord(receipt, key, r_qual, r_proxy, reward))
         self.turns_seen += len(records)
         return records
+
+    @property
+    def writes_replies(self) -> bool:
+        """Whether a turn's reply is written: only when the quality judge reads it (the likelihood judge scores
+        the gold next turn, never the reply, so a replayed turn needs none)."""
+        return bool(getattr(self.quality_judge, "reads_reply", True))
 
     @property
     def is_remote(self) -> bool:

@@ -122,6 +122,7 @@ class LikelihoodQualityJudge(_LikelihoodJudge):
     """r_trig: the recalled memory's gain for the gold next turn (`QualityInput.gold_next`), squashed."""
 
     kind = "quality_likelihood"
+    reads_reply = False  # the learner writes no reply for it (OnlineLearner.writes_replies)
 
     def judge(self, items: Sequence[QualityInput]) -> list[JudgeResult]:
         scored = [i for i, x in enumerate(items) if x.memory and x.gold_next]

@@ -14,11 +14,13 @@ import pytest
 from icml_jax.data.schema import Episode, Session, Turn
 from icml_jax.llm import OfflineBackend
 from icml_jax.llm.judges import GoldTarget, ProxyInput, ProxyJudge, QualityInput, QualityJudge
+from icml_jax.llm.prompts import TASK_CONDENSE, TASK_REPLY
 from icml_jax.llm.types import LoglikResponse, TokenUsage
 from icml_jax.rl.config import RewardConfig
 from icml_jax.rl.likelihood import (NO_LATER_TURN, NO_NEXT_TURN, LikelihoodProxyJudge, LikelihoodQualityJudge,
                                     information_value, later_targets, likelihood_score, next_gold_turn,
                                     reward_judges)
+from tests.baselines.helpers import Recording
 from tests.rl.conftest import force_policies
 
 NURSE, WEEK, NIGHTS = "I work as a nurse.", "How should I plan my week?", "Plan around your night shifts as a nurse."
@@ -130,11 +132,15 @@ def test_the_learner_rewards_from_likelihoods_and_the_truth_reward_carries_the_l
     reward = dataclasses.replace(run.reward, source="likelihood", multi_trigger="max")
     base, tokenizer = build_learner(dataclasses.replace(run, reward=reward), tmp_path)
     proxy, quality = reward_judges("likelihood", judge=None, generator=MemoryOverlap(), scale=0.1)
-    learner = OnlineLearner(base.policies, tokenizer, base.store, OfflineBackend(), proxy_judge=proxy,
+    generator = Recording()
+    learner = OnlineLearner(base.policies, tokenizer, base.store, generator, proxy_judge=proxy,
                             quality_judge=quality, config=base.config)
     episode = Episode("test", "ep", tuple(Session(tuple(Turn("user", t.text) for t in s.turns))
                                           for s in EPISODE.sessions))
     out = learner.run_episode(episode)
+    # no judge reads a reply: none is written (the turns' notes still are), every receipt's reply is empty
+    assert not learner.writes_replies and not generator.tasks(TASK_REPLY) and generator.tasks(TASK_CONDENSE)
+    assert [r.reply for r in learner.last_receipts] == [""] * 8
     assert out["judge/proxy_failures"] == 2  # session 2's two turns
     assert out["judge/quality_failures"] == 3  # each session's last turn has no gold next turn
     rewards = {s.decision_id.split("/", 2)[2]: s for s in learner.last_finalized}
