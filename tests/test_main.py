@@ -397,6 +397,22 @@ def test_real_backbone_learning_config_arms_differ_only_in_backbone_and_writer(t
         load_config("learn_smollm2", "big")
 
 
+def test_locomo_config_asks_every_system_of_tables_1_and_6_on_the_shared_file():
+    """configs/locomo_smollm2.py: gc_smollm2's agent and back ends; the LoCoMo block names the shared file, every
+    baseline of Tables 1 and 6, dense at k = 1, 3, 10 and the evidence oracle; notes are the turns themselves."""
+    from icml_jax.baselines import BASELINES
+    from icml_jax.experiments.locomo import LocomoSettings
+    from tests.data.conftest import SHARED_DATA
+
+    config, gapchat = load_config("locomo_smollm2"), load_config("gc_smollm2")
+    assert config.llm.to_dict() == gapchat.llm.to_dict() and config.learner.to_dict() == gapchat.learner.to_dict()
+    settings = LocomoSettings.from_config(config)
+    assert Path(settings.file) == SHARED_DATA / "locomo" / "locomo7.json" and settings.notes == "turn"
+    named = {s for s in settings.systems if not s.startswith("dense@")}
+    assert named == {"ours", "evidence_oracle", *BASELINES} - {"dense"}
+    assert {s for s in settings.systems if s.startswith("dense@")} == {"dense@1", "dense@3", "dense@10"}
+
+
 def test_gapchat_real_model_config_runs_local_models_only(tmp_path):
     """configs/gc_smollm2.py: GapChat's 60 test episodes (the shared sample), SmolLM2 policies, generator and
     score-token judge, MiniLM for BERTScore and the baselines' embeddings; the final sessions never train; with

@@ -277,6 +277,21 @@ class BaselineAgent:
         (choice,) = self.recall(user_id, [Query(text, tuple(map(tuple, history)), episode.episode_id, session,
                                                 turn)], final=False)
         start = time.perf_counter()
+        saved = self._construct_turn(user_id, episode, session, turn, history)
+        ms = 1e3 * (time.perf_counter() - start + catch_up)
+        return choice, saved, ms
+
+    def memorize(self, user_id: str, episode: Episode, session: int, turn: int,
+                 history: Sequence[tuple[str, str]]) -> tuple[bool | None, float]:
+        """Memory construction alone, without the recall `observe` also makes: (saved, milliseconds)."""
+        start = time.perf_counter()
+        self._enter(user_id, episode, session)
+        saved = self._construct_turn(user_id, episode, session, turn, history)
+        return saved, 1e3 * (time.perf_counter() - start)
+
+    def _construct_turn(self, user_id: str, episode: Episode, session: int, turn: int,
+                        history: Sequence[tuple[str, str]]) -> bool | None:
+        """`construct` at an acted turn, then the session's end when no later turn of it is acted on."""
         saved = self.construct(user_id, episode, session, turn, history)
         n = len(episode.sessions[session].turns)
         if not any(self.acts_on(episode, session, t) for t in range(turn + 1, n)):
@@ -284,8 +299,15 @@ class BaselineAgent:
             if session not in closed:
                 closed.add(session)
                 self.end_session(user_id, episode, session)
-        ms = 1e3 * (time.perf_counter() - start + catch_up)
-        return choice, saved, ms
+        return saved
+
+    def recall_questions(self, user_id: str, episode: Episode, questions: Sequence[str]) -> list[MemoryChoice]:
+        """The memory shown for each question asked after the episode's last session (a session of its own, the
+        question as its utterance, no dialogue); every earlier session is closed first, no memory changes."""
+        after = len(episode.sessions)
+        self._enter(user_id, episode, after)
+        return self.recall(user_id, [Query(q, (), episode.episode_id, after, i) for i, q in enumerate(questions)],
+                           final=True)
 
     def answer(self, user_id: str, episode: Episode, targets: Sequence[Target],
                histories: Sequence[Sequence[tuple[str, str]]]) -> list[AgentReply]:

@@ -115,6 +115,25 @@ class PolicyAgent:
         planner, _ = self.agent.remember(user_id, utterance, label=label, **where)
         return self._choice(decision, used), planner.save, 1e3 * (time.perf_counter() - start)
 
+    def memorize(self, user_id, episode, session, turn, history):
+        """Memory construction alone (the Planner's save), without the Trigger's choice `observe` also makes:
+        (saved, milliseconds)."""
+        utterance = episode.sessions[session].turns[turn].text
+        start = time.perf_counter()
+        planner, _ = self.agent.remember(user_id, utterance, label=memory_label(episode.sessions[session].turns[turn]),
+                                         history=tuple(history), episode_id=episode.episode_id, session=session,
+                                         turn=turn)
+        return planner.save, 1e3 * (time.perf_counter() - start)
+
+    def recall_questions(self, user_id, episode, questions):
+        """The memory the Trigger picks for each question asked after the episode's last session (the question
+        as the user turn, no dialogue), in one forward pass; no memory changes."""
+        from icml_jax.agents.agent import TurnInput
+
+        after = len(episode.sessions)
+        turns = [TurnInput(user_id, q, (), episode.episode_id, after, i) for i, q in enumerate(questions)]
+        return [self._choice(decision, used) for decision, used in self.agent.choose_memories(turns)]
+
     def answer(self, user_id, episode, targets, histories):
         chosen, items = [], []
         for target, history in zip(targets, histories, strict=True):

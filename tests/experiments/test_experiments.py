@@ -280,9 +280,41 @@ def test_two_seeds_report_mean_and_spread(workdir):
     assert set(content["rows"]["0.5"]["per_seed"]) == {"0", "1"}
 
 
+def test_locomo_asks_every_system_every_question_and_tests_them_in_pairs(workdir, monkeypatch):
+    import ml_collections
+
+    from icml_jax.evaluation import locomo_scoring
+    from icml_jax.experiments import locomo
+
+    fixture = ROOT / "tests" / "data" / "fixtures" / "locomo" / "locomo10.json"
+    systems = ("ours", "no_memory", "dense@1", "dense@3", "evidence_oracle")
+    config = smoke_config()
+    config.experiments.locomo = ml_collections.ConfigDict(dict(file=str(fixture), answered=4, systems=systems))
+    files = run_experiment("locomo", config, workdir, [0], log=lambda line: None)
+    content = json.loads(files["json"].read_text(encoding="utf-8"))
+    assert list(content["rows"]) == list(systems)
+    recall = {name: _mean(content, name, "evidence_recall") for name in systems}
+    assert recall["evidence_oracle"] == 1.0 and recall["no_memory"] == 0.0
+    assert recall["dense@3"] >= recall["dense@1"] > 0.0
+    for name in systems:  # every question recalled for, 4 of conv-1's and conv-2's one answered, rows recompute
+        rows = locomo.read_rows(workdir / "seed0" / f"locomo_{name}")
+        assert len(rows) == 12 and sum(r["answered"] for r in rows) == 5
+        for row in rows:
+            if row["answered"]:
+                assert row["f1"] == locomo_scoring.locomo_f1(row["prediction"], row["answer"] or "",
+                                                             row["category"])
+            assert row["evidence_recall"] == locomo_scoring.evidence_recall(row["evidence"], row["reached"])
+    tests = content["extra"]["paired_tests"]
+    assert {"ours vs no_memory: evidence_recall", "dense@1 vs ours: f1"} <= set(tests)
+    assert "Published LoCoMo numbers" in files["md"].read_text(encoding="utf-8")
+    monkeypatch.setattr(locomo, "play_qa", lambda *a, **k: pytest.fail("a rerun plays nothing again"))
+    assert json.loads(run_experiment("locomo", config, workdir, [0], log=lambda line: None)["json"].read_text(
+        encoding="utf-8"))["rows"] == content["rows"]
+
+
 def test_every_experiment_is_tested_here():
     tested = {"main", "ablation", "synthetic_scale", "judges", "rejudge", "exploration", "lambda",
-              "synthesis_direction", "size_grid", "ten_sessions", "policy_maps", "table6", "efficiency"}
+              "synthesis_direction", "size_grid", "ten_sessions", "policy_maps", "table6", "efficiency", "locomo"}
     assert set(EXPERIMENTS) == tested
 
 

