@@ -14,11 +14,12 @@ that many episodes together (`play_group`), a tick's time and tokens shared by i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any, Protocol
 
@@ -198,10 +199,29 @@ class LearningAgent(PolicyAgent):
 
     def answer(self, user_id, episode, targets, histories):
         self.end_histories([user_id])
+        with self._greedy():
+            return super().answer(user_id, episode, targets, histories)
+
+    def memorize(self, user_id, episode, session, turn, history):
+        """A turn of a conversation whose questions come after it (no session is scored): a turn of Algorithm 1
+        on `episode` as given, whole (the caller gives it without questions or answers): (saved, milliseconds)."""
+        start = time.perf_counter()
+        (receipt,) = self.learner.step_turns([(episode, user_id, session, turn, tuple(history))])
+        return receipt.planner.save, 1e3 * (time.perf_counter() - start)
+
+    def recall_questions(self, user_id, episode, questions):
+        """The conversation is over: the update its decisions wait for, then the greedy Trigger's recall."""
+        self.end_histories([user_id])
+        with self._greedy():
+            return super().recall_questions(user_id, episode, questions)
+
+    @contextlib.contextmanager
+    def _greedy(self) -> Iterator[None]:
+        """The agent's decisions greedy inside (the evaluation's), sampled again after (the learner's)."""
         sampling = self.agent.config
         self.agent.config = dataclasses.replace(sampling, greedy=True)
         try:
-            return super().answer(user_id, episode, targets, histories)
+            yield
         finally:
             self.agent.config = sampling
 

@@ -5,7 +5,9 @@
 
 Settings: `config.experiments.locomo` (`LocomoSettings`). Ours is the config's trained agent (warm-up and online
 learning on the config's own data, never on LoCoMo), answering from the memory its Planner built and its Trigger
-recalls; each baseline from its own memory and retrieval; `dense@k` the dense baseline showing its top k; the
+recalls; `ours_online` the same agent learning on each conversation's sessions as it reads them (Algorithm 1 with
+the config's rewards; the sessions only, never a question, answer or evidence), updated before the questions;
+each baseline from its own memory and retrieval; `dense@k` the dense baseline showing its top k; the
 evidence oracle the question's evidence turns (the generator's ceiling). Each system writes
 `<workdir>/seed<k>/locomo_<system>/qa.jsonl` (one row per question, every metric recomputable) and `results.json`
 (the summary and the setting); a rerun under the same config reads them back.
@@ -29,6 +31,7 @@ from icml_jax.experiments.tables import Report
 
 RESULTS = "results.json"
 ORACLE = "evidence_oracle"
+OURS_ONLINE = "ours_online"  # ours, learning online (its own rewards) on each conversation's sessions as it reads them
 DENSE_K = "dense@"
 
 
@@ -88,9 +91,11 @@ def answered_selector(settings: LocomoSettings) -> Callable[[Any, list[QAItem]],
 
 
 def _system_config(config: ml_collections.ConfigDict, system: str) -> ml_collections.ConfigDict:
-    """The config a system runs under: dense@k sets `baselines.top_k`."""
+    """The config a system runs under: dense@k sets `baselines.top_k`, ours_online `eval.learn`."""
     if system.startswith(DENSE_K):
         return runs.derive(config, {"baselines.top_k": int(system[len(DENSE_K):])})
+    if system == OURS_ONLINE:
+        return runs.derive(config, {"eval.learn": True})
     return config
 
 
@@ -101,7 +106,7 @@ def _factory(system: str, checkpoint: Path | None):
 
     if system == ORACLE:
         return None
-    if system == "ours":
+    if system in ("ours", OURS_ONLINE):
         return policy_factory(checkpoint)
     return baseline_factory("dense" if system.startswith(DENSE_K) else system)
 
@@ -132,8 +137,9 @@ def run_system(config: ml_collections.ConfigDict, settings: LocomoSettings, out_
     cache = ResponseCache(cache_path)
     generator = CachedBackend(make_backend(config.llm.generator), cache, answer_namespace(config.llm.generator.to_dict()))
     writer = VerbatimNotes(generator) if settings.notes == "turn" else generator
+    # the judge back end: J (settings.judge) and the learner's rewards where they come from judges
     judge = (CachedBackend(make_backend(config.llm.judge), cache, answer_namespace(config.llm.judge.to_dict()))
-             if settings.judge else None)
+             if settings.judge or system == OURS_ONLINE else None)
     factory = _factory(system, policy_dir)
     with MemoryStore() as store:
         agent = None
@@ -143,7 +149,7 @@ def run_system(config: ml_collections.ConfigDict, settings: LocomoSettings, out_
         rows, ingested = play_qa(agent, list(episodes), writer, user_speaker=settings.user_speaker,
                                  count_tokens=count, answered=answered_selector(settings), seed=settings.question_seed,
                                  progress=lambda xs: tqdm(xs, desc=f"locomo {system}", unit="conv", leave=False))
-    unusable = judge_rows(rows, judge) if judge is not None else 0
+    unusable = judge_rows(rows, judge) if settings.judge else 0
     with (out_dir / QA_JSONL).open("w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -201,7 +207,7 @@ def locomo_report(ctx: Any, ours_policy: Callable[[int], Path]) -> Report:
     for seed in ctx.seeds:
         config, rows = ctx.cfg(seed), {}
         for system in settings.systems:
-            policy = ours_policy(seed) if system == "ours" else None
+            policy = ours_policy(seed) if system in ("ours", OURS_ONLINE) else None
             ctx.log(f"seed {seed}: locomo {system}")
             out = ctx.seed_dir(seed) / f"locomo_{system}"
             content = run_system(config, settings, out, system, episodes=episodes,
@@ -261,5 +267,5 @@ single-hop is category 1, multi-hop category 3, open-domain category 4, temporal
 """
 
 
-__all__ = ["COLUMNS", "LocomoSettings", "ORACLE", "conversations", "locomo_report", "paired", "answered_selector",
+__all__ = ["COLUMNS", "LocomoSettings", "ORACLE", "OURS_ONLINE", "conversations", "locomo_report", "paired", "answered_selector",
            "read_rows", "run_system", "table_row"]

@@ -312,6 +312,42 @@ def test_locomo_asks_every_system_every_question_and_tests_them_in_pairs(workdir
         encoding="utf-8"))["rows"] == content["rows"]
 
 
+def test_ours_online_learns_from_locomos_sessions_and_never_sees_a_question_answer_or_evidence(workdir, monkeypatch):
+    """The learning arm: Algorithm 1 on each conversation's sessions, an update before its questions; no
+    question, gold answer or evidence id reaches a decision, a training record or any back-end request."""
+    import ml_collections
+
+    from icml_jax.data.sources.locomo import parse_locomo, questions
+    from icml_jax.llm.offline import OfflineBackend
+    from icml_jax.rl.learner import OnlineLearner
+
+    fixture = ROOT / "tests" / "data" / "fixtures" / "locomo" / "locomo10.json"
+    conversations = list(parse_locomo(fixture))
+    qa = [q for e in conversations for q in questions(e)]
+    secret = {q.question for q in qa} | {q.answer for q in qa if q.answer and len(q.answer) > 6} | {"evidence"}
+    played, updates, sent = [], [], []
+    step, update, generate = OnlineLearner.step_turns, OnlineLearner.update, OfflineBackend.generate
+    monkeypatch.setattr(OnlineLearner, "step_turns", lambda self, turns, *a: (played.extend(turns),
+                                                                              step(self, turns, *a))[1])
+    monkeypatch.setattr(OnlineLearner, "update", lambda self: (updates.append(list(self._turns)), update(self))[1])
+    monkeypatch.setattr(OfflineBackend, "generate", lambda self, rs: (sent.extend(rs), generate(self, rs))[1])
+    config = smoke_config()
+    config.experiments.locomo = ml_collections.ConfigDict(dict(file=str(fixture), answered=2,
+                                                               systems=("ours_online",)))
+    content = json.loads(run_experiment("locomo", config, workdir, [0], log=lambda line: None)["json"].read_text(
+        encoding="utf-8"))
+    updates = [batch for batch in updates if batch and batch[0].receipt.episode_id.startswith("conv-")]
+    assert content["rows"]["ours_online"]["per_seed"]["0"]["evidence_recall"] is not None
+    turns = sum(len(s.turns) for e in conversations for s in e.sessions)
+    assert len(played) == turns and len(updates) == len(conversations) == 2  # every turn; one update each
+    assert all(not set(e.meta) & {"qa", "annotations"} for e, *_ in played)
+    for record in (r for batch in updates for r in batch):
+        assert not any(text in record.receipt.utterance for text in secret)
+    learner_requests = [r for r in sent if r.task != "locomo_answer"]
+    assert learner_requests and not any(text in json.dumps([r.prompt, r.system, dict(r.metadata)], default=str)
+                                        for r in learner_requests for text in secret)
+
+
 def test_every_experiment_is_tested_here():
     tested = {"main", "ablation", "synthetic_scale", "judges", "rejudge", "exploration", "lambda",
               "synthesis_direction", "size_grid", "ten_sessions", "policy_maps", "table6", "efficiency", "locomo"}
