@@ -12,6 +12,11 @@ of the sessions its source turns come from. The evidence oracle shows the questi
 
 Each question is one row (`QA_JSONL`): its ids, category, gold answer, evidence ids, the prediction, the dia_ids
 and sessions that reached the prompt and every metric (`locomo_scoring`), so each number recomputes from the rows.
+
+LongMemEval episodes (`data.sources.longmemeval`, one question each) go through the same protocol: their
+question's category picks the scorer and cue (abstention 5, asked openly to answer `NOT_MENTIONED` when the memory
+does not say; temporal-reasoning 2; the rest 4), the prompt carries the question's date, session recall counts
+the answer sessions (`evidence_sessions`), and the agent sees no `has_answer` or session id.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from icml_jax.data.schema import Episode, TurnRef
-from icml_jax.data.sources.locomo import LocomoQuestion, questions, turn_refs, without_labels
+from icml_jax.data.sources import longmemeval
+from icml_jax.data.sources.locomo import DATASET as LOCOMO, LocomoQuestion, questions, turn_refs, without_labels
 from icml_jax.evaluation import locomo_scoring as scoring
 from icml_jax.evaluation.protocol import MemoryChoice
 from icml_jax.llm.offline import register_offline_answers
@@ -36,6 +42,7 @@ ANSWER_MAX_TOKENS = 32
 ANSWER_SYSTEM = ("You answer questions about a long conversation between two people, using the memories of it "
                  "that you are given. Answer in a few words.")
 TEMPORAL_HINT = "Use the dates of the sessions to answer with an approximate date."
+ABSTAIN_HINT = f'If the memories do not tell, answer "{NOT_MENTIONED}".'  # LongMemEval's abstention questions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,17 +57,29 @@ class QAItem:
     evidence: tuple[TurnRef, ...]  # the same turns as (session, turn)
     unresolved_evidence: tuple[str, ...] = ()
     adversarial_answer: str | None = None
+    evidence_sessions: tuple[int, ...] = ()  # 1-based evidence sessions named apart (LongMemEval's answer sessions)
+    question_date: str | None = None  # when the question is asked (LongMemEval), shown in the prompt
+    dataset: str = LOCOMO
 
 
-def locomo_items(episode: Episode) -> list[QAItem]:
-    """An episode's LoCoMo questions as QAItems (evidence resolved to its turns)."""
+def qa_items(episode: Episode) -> list[QAItem]:
+    """An episode's questions as QAItems (evidence resolved to its turns): LoCoMo's, or a LongMemEval episode's
+    one question with its answer sessions as `evidence_sessions` and its date."""
     refs = turn_refs(episode)
+    lme = episode.dataset == longmemeval.DATASET
 
     def item(q: LocomoQuestion) -> QAItem:
-        return QAItem(q.question_id, q.question, q.answer, q.category, tuple(q.evidence),
+        base = QAItem(q.question_id, q.question, q.answer, q.category, tuple(q.evidence),
                       tuple(refs[d] for d in q.evidence), tuple(q.unresolved_evidence), q.adversarial_answer)
+        if not lme:
+            return base
+        return dataclasses.replace(base, question_id=q.sample_id, evidence_sessions=longmemeval.evidence_sessions(
+            episode, q), question_date=q.extra.get("question_date"), dataset=longmemeval.DATASET)
 
     return [item(q) for q in questions(episode)]
+
+
+locomo_items = qa_items  # the name the LoCoMo code and tests use
 
 
 @dataclasses.dataclass
@@ -113,7 +132,8 @@ def reached(episode: Episode, choice: MemoryChoice) -> tuple[list[str], list[int
 
 def session_dates(episode: Episode, sessions: Sequence[int]) -> str | None:
     """'session N: <date_time>' for the given 1-based sessions that carry a date; None when none does."""
-    dated = [(n, episode.sessions[n - 1].meta.get("date_time")) for n in sessions]
+    dated = [(n, episode.sessions[n - 1].meta.get("date_time") or episode.sessions[n - 1].meta.get("date"))
+             for n in sessions]
     lines = [f"session {n}: {d}" for n, d in dated if d]
     return "; ".join(lines) or None
 
@@ -121,14 +141,19 @@ def session_dates(episode: Episode, sessions: Sequence[int]) -> str | None:
 def answer_request(item: QAItem, memory: str | None, dates: str | None, *, seed: int = 0,
                    max_output_tokens: int = ANSWER_MAX_TOKENS) -> LLMRequest:
     """The generator's request for one question: the memory (with its sessions' dates), the question, and the
-    release's category cues (a date hint for category 2; category 5 a choice against `NOT_MENTIONED`)."""
+    release's category cues (a date hint for category 2; category 5 a choice against `NOT_MENTIONED`, or for a
+    LongMemEval abstention, which has no distractor, `ABSTAIN_HINT`); a question's own date when it has one."""
     sections = [f"Memories of the conversation:\n{memory}" if memory else "Memories of the conversation: none."]
     if dates:
         sections.append(f"Dates of the sessions they come from: {dates}")
+    if item.question_date:
+        sections.append(f"Current date: {item.question_date}")
     question = item.question
     if item.category == 2:
         question = f"{question} {TEMPORAL_HINT}"
-    if item.category == 5:
+    if item.category == 5 and item.dataset == longmemeval.DATASET:
+        question = f"{question} {ABSTAIN_HINT}"
+    elif item.category == 5:
         options = [NOT_MENTIONED, item.adversarial_answer or item.answer or "Yes"]
         random.Random(f"{seed}/{item.question_id}").shuffle(options)
         question = f"{question} Select the correct answer: (a) {options[0]} (b) {options[1]}."
@@ -201,12 +226,16 @@ def answer_rows(episode: Episode, items: Sequence[QAItem], recalled: Sequence[Re
             "bleu1": scoring.bleu1(prediction, gold) if scored and item.category != 5 else None,
             "mem0_f1": scoring.mem0_f1(prediction, gold) if scored and item.category != 5 else None,
             "evidence_recall": scoring.evidence_recall(item.evidence_ids, ids),
-            "session_recall": scoring.session_recall(item.evidence_ids, sessions),
+            "session_recall": (scoring.evidence_session_recall(item.evidence_sessions, sessions)
+                               if item.evidence_sessions else scoring.session_recall(item.evidence_ids, sessions)),
             "judge": None,
             "prompt_tokens": answer.prompt_tokens if scored else None,
             "output_tokens": answer.output_tokens if scored else None,
             "retrieval_ms": r.ms, "answer_ms": answer_ms if scored else None,
         })
+        if item.dataset != LOCOMO:  # LoCoMo rows keep their keys; these recompute session recall
+            rows[-1].update(dataset=item.dataset, evidence_sessions=list(item.evidence_sessions),
+                            question_date=item.question_date)
     return rows
 
 
@@ -233,15 +262,17 @@ def play_qa(agent: Any, episodes: Sequence[Episode], generator: LLMBackend, *, u
     """The protocol over `episodes` (see the module docstring) for `agent` (None: the evidence oracle, which
     ingests nothing): (question rows, per-conversation ingestion records). Every question is recalled for;
     `answered(episode, items)` marks the ones the generator answers (default: all). The agent sees each episode
-    without its questions, answers, evidence and annotations (`without_labels`)."""
+    without its questions, answers, evidence and annotations (`without_labels`; a LongMemEval episode also without
+    its turns' `has_answer` and its sessions' ids)."""
     rows, ingested = [], []
     for episode in progress(episodes):
-        items = locomo_items(episode)
+        items = qa_items(episode)
         if agent is None:
             recalled = [Recalled(oracle_choice(episode, item), 0.0) for item in items]
         else:
             agent.reset()
-            seen = without_labels(episode)
+            seen = (longmemeval.without_labels(episode) if episode.dataset == longmemeval.DATASET
+                    else without_labels(episode))
             built = ingest(agent, seen, user_speaker=user_speaker, count_tokens=count_tokens)
             ingested.append({"sample_id": episode.episode_id, **dataclasses.asdict(built)})
             recalled = recall(agent, seen, items)
@@ -257,6 +288,6 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return scoring.summarize(rows)
 
 
-__all__ = ["ANSWER_SYSTEM", "NOT_MENTIONED", "QA_JSONL", "TASK_LOCOMO_ANSWER", "Ingested", "QAItem", "Recalled",
-           "answer_request", "answer_rows", "ingest", "judge_rows", "locomo_items", "oracle_choice", "play_qa",
-           "reached", "recall", "session_dates", "summary"]
+__all__ = ["ABSTAIN_HINT", "ANSWER_SYSTEM", "NOT_MENTIONED", "QA_JSONL", "TASK_LOCOMO_ANSWER", "Ingested", "QAItem",
+           "Recalled", "answer_request", "answer_rows", "ingest", "judge_rows", "locomo_items", "oracle_choice",
+           "play_qa", "qa_items", "reached", "recall", "session_dates", "summary"]

@@ -51,6 +51,7 @@ __all__ = [
     "TASK_LOCOMO_JUDGE",
     "bleu1",
     "evidence_recall",
+    "evidence_session_recall",
     "judge_request",
     "locomo_f1",
     "mem0_f1",
@@ -188,6 +189,16 @@ def session_recall(evidence_ids: Sequence[str], reached: Iterable[str | int]) ->
         return None
     sessions = {r if isinstance(r, int) else session_number(r) for r in reached} - {None}
     return sum(session_number(e) in sessions for e in evidence_ids) / len(evidence_ids)
+
+
+def evidence_session_recall(evidence_sessions: Sequence[int], reached_sessions: Iterable[int]) -> float | None:
+    """Share of a question's evidence sessions (1-based numbers, e.g. LongMemEval's answer sessions) among the
+    sessions that reached the prompt; None without any."""
+    wanted = list(dict.fromkeys(evidence_sessions))
+    if not wanted:
+        return None
+    reached = set(reached_sessions)
+    return sum(s in reached for s in wanted) / len(wanted)
 
 
 # The judge J.

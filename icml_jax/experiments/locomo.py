@@ -33,6 +33,7 @@ RESULTS = "results.json"
 ORACLE = "evidence_oracle"
 OURS_ONLINE = "ours_online"  # ours, learning online (its own rewards) on each conversation's sessions as it reads them
 DENSE_K = "dense@"
+FORMATS = ("locomo", "longmemeval")  # LocomoSettings.format: how `file` is read
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +49,7 @@ class LocomoSettings:
     notes: str = "turn"  # "turn": each saved turn's text is its note (llm.verbatim); "model": the generator writes
     systems: tuple[str, ...] = ("ours", "no_memory", "dense", ORACLE)  # "ours", baselines, "dense@k", ORACLE
     judge: bool = False  # J from the judge back end (config.llm.judge) on categories 1-4
+    format: str = "locomo"  # "locomo": a LoCoMo JSON; "longmemeval": a LongMemEval JSON (one episode per question)
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> LocomoSettings:
@@ -64,14 +66,30 @@ class LocomoSettings:
                              "data/locomo10.json, or ../shared/data/locomo/locomo7.json)")
         if settings.notes not in ("turn", "model"):
             raise ValueError(f"config.experiments.locomo.notes must be 'turn' or 'model', got {settings.notes!r}")
+        if settings.format not in FORMATS:
+            raise ValueError(f"config.experiments.locomo.format must be one of {list(FORMATS)} (how the file is "
+                             f"read), got {settings.format!r}")
         return settings
+
+    def record(self) -> dict[str, Any]:
+        """The settings as results.json records them (the default format left out, so LoCoMo runs made before the
+        field existed are read back)."""
+        d = dataclasses.asdict(self)
+        if d["format"] == "locomo":
+            del d["format"]
+        return d
 
 
 def conversations(settings: LocomoSettings) -> list:
-    """The LoCoMo conversations of the settings' file (the first `conversations` of them)."""
+    """The episodes of the settings' file (the first `conversations` of them): LoCoMo conversations, or one
+    LongMemEval question each with `format="longmemeval"`."""
     from icml_jax.data.sources.locomo import parse_locomo
+    from icml_jax.data.sources.longmemeval import parse_longmemeval
 
-    episodes = list(parse_locomo(Path(settings.file).expanduser(), relpath=Path(settings.file).name))
+    if settings.format not in FORMATS:
+        raise ValueError(f"LocomoSettings.format must be one of {list(FORMATS)}, got {settings.format!r}")
+    parse = parse_longmemeval if settings.format == "longmemeval" else parse_locomo
+    episodes = list(parse(Path(settings.file).expanduser(), relpath=Path(settings.file).name))
     return episodes[:settings.conversations] if settings.conversations else episodes
 
 
@@ -124,7 +142,7 @@ def run_system(config: ml_collections.ConfigDict, settings: LocomoSettings, out_
     from icml_jax.memory.store import MemoryStore
 
     config = _system_config(config, system)
-    setting = {"config": config.to_dict(), "locomo": dataclasses.asdict(settings), "system": system,
+    setting = {"config": config.to_dict(), "locomo": settings.record(), "system": system,
                "policy_dir": str(policy_dir) if policy_dir else None}
     done = out_dir / RESULTS
     if done.is_file():
@@ -227,7 +245,8 @@ def locomo_report(ctx: Any, ours_policy: Callable[[int], Path]) -> Report:
     report.sections.append(paired_markdown(tests))
     report.sections.append(PUBLISHED)
     report.notes += [
-        f"{len(episodes)} LoCoMo conversations of {settings.file}; "
+        f"{len(episodes)} {'LoCoMo conversations' if settings.format == 'locomo' else 'LongMemEval questions'} "
+        f"of {settings.file}; "
         f"every question recalled for; {'every question' if settings.answered is None else f'{settings.answered} seeded questions per conversation'} answered"
         "; F1: LoCoMo's own token F1 (Porter-stemmed, per category as its release scores it), B1: BLEU-1 (nltk, "
         "smoothing 1, the Mem0 paper's tokens); categories 1-4 pooled, adversarial (5) apart: the share answered "
@@ -267,5 +286,5 @@ single-hop is category 1, multi-hop category 3, open-domain category 4, temporal
 """
 
 
-__all__ = ["COLUMNS", "LocomoSettings", "ORACLE", "OURS_ONLINE", "conversations", "locomo_report", "paired", "answered_selector",
+__all__ = ["COLUMNS", "FORMATS", "LocomoSettings", "ORACLE", "OURS_ONLINE", "conversations", "locomo_report", "paired", "answered_selector",
            "read_rows", "run_system", "table_row"]
