@@ -11,8 +11,9 @@ likelihood rewards on GapChat episodes): nothing trains on LoCoMo.
 
 What is cut for 2 cores: each saved turn is its own memory text (`notes="turn"`: no model writes a note; LoCoMo's
 turns are short and name their speaker), every question is recalled for (evidence recall on all 1,347 of
-locomo7.json) but the generator answers `ANSWERED` seeded questions per conversation, greedy, in a few words. The
-full release: point `experiments.locomo.file` at its data/locomo10.json.
+locomo7.json) but the generator answers `ANSWERED` seeded questions per conversation, greedy, in a few words;
+long_context shows the newest `LONG_CONTEXT_TOKENS` tokens. The full release: point `experiments.locomo.file` at
+its data/locomo10.json.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import types
 from pathlib import Path
 
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 from icml_jax.data.protocol import shared_data_dir
 
 ANSWERED = 20  # questions per conversation the generator answers (a seeded draw, the same for every system)
+LONG_CONTEXT_TOKENS = 2048
 SYSTEMS = ("ours", "no_memory", "long_context", "dense@1", "dense@3", "dense@10", "heuristic", "memorybank", "mem0",
            "ld_agent", "a_mem", "memoryos", "theanine", "memochat", "rsum", "comedy", "evidence_oracle")
 
@@ -41,12 +44,15 @@ def _load(name: str) -> types.ModuleType:
 def get_config() -> ml_collections.ConfigDict:
     """configs/gc_smollm2.py (ours trained as there) with the LoCoMo experiment's block."""
     config = _load("gc_smollm2").get_config()
+    # long_context: the newest 2,048 tokens of the conversation, not SmolLM2's 8,192-token window (a prefill of
+    # 8k tokens per answered question would cost about as much as every other system together on 2 cores)
+    config.baselines.long_context_tokens = LONG_CONTEXT_TOKENS
     config.experiments.locomo = ml_collections.ConfigDict(dict(
         file=str(shared_data_dir() / "locomo" / "locomo7.json"),
-        conversations=None,  # all of the file's
+        conversations=placeholder(int),  # None: all of the file's
         answered=ANSWERED,
         question_seed=0,
-        user_speaker=None,  # both speakers' turns build memory
+        user_speaker=placeholder(str),  # None: both speakers' turns build memory
         notes="turn",
         systems=SYSTEMS,
         judge=False,  # SmolLM2's verdicts would be no better than its scores (docs/judges.md)

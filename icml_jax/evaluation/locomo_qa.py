@@ -40,7 +40,7 @@ TASK_LOCOMO_ANSWER = "locomo_answer"
 NOT_MENTIONED = "Not mentioned in the conversation"
 ANSWER_MAX_TOKENS = 32
 ANSWER_SYSTEM = ("You answer questions about a long conversation between two people, using the memories of it "
-                 "that you are given. Answer in a few words.")
+                 "that you are given. Answer with a short phrase, in the memories' own words where you can.")
 TEMPORAL_HINT = "Use the dates of the sessions to answer with an approximate date."
 ABSTAIN_HINT = f'If the memories do not tell, answer "{NOT_MENTIONED}".'  # LongMemEval's abstention questions
 
@@ -107,6 +107,14 @@ def ingest(agent: Any, episode: Episode, *, user_speaker: str | None,
             history.append((turn.speaker, turn.text))
     texts = agent.memory_texts(user)
     return Ingested(turns, saved, len(texts), sum(count_tokens(x) for x in texts), ms)
+
+
+def with_speakers(episode: Episode) -> Episode:
+    """The episode with each turn's text as "speaker: text": what every system reads, so a memory kept from a
+    turn says who said it (both speakers are remembered; LoCoMo's own retrieval baselines index turns so)."""
+    sessions = tuple(dataclasses.replace(s, turns=tuple(dataclasses.replace(t, text=f"{t.speaker}: {t.text}")
+                                                        for t in s.turns)) for s in episode.sessions)
+    return dataclasses.replace(episode, sessions=sessions)
 
 
 def oracle_choice(episode: Episode, item: QAItem) -> MemoryChoice:
@@ -263,7 +271,7 @@ def play_qa(agent: Any, episodes: Sequence[Episode], generator: LLMBackend, *, u
     ingests nothing): (question rows, per-conversation ingestion records). Every question is recalled for;
     `answered(episode, items)` marks the ones the generator answers (default: all). The agent sees each episode
     without its questions, answers, evidence and annotations (`without_labels`; a LongMemEval episode also without
-    its turns' `has_answer` and its sessions' ids)."""
+    its turns' `has_answer` and its sessions' ids), each turn as "speaker: text" (`with_speakers`)."""
     rows, ingested = [], []
     for episode in progress(episodes):
         items = qa_items(episode)
@@ -271,8 +279,8 @@ def play_qa(agent: Any, episodes: Sequence[Episode], generator: LLMBackend, *, u
             recalled = [Recalled(oracle_choice(episode, item), 0.0) for item in items]
         else:
             agent.reset()
-            seen = (longmemeval.without_labels(episode) if episode.dataset == longmemeval.DATASET
-                    else without_labels(episode))
+            seen = with_speakers(longmemeval.without_labels(episode) if episode.dataset == longmemeval.DATASET
+                                 else without_labels(episode))
             built = ingest(agent, seen, user_speaker=user_speaker, count_tokens=count_tokens)
             ingested.append({"sample_id": episode.episode_id, **dataclasses.asdict(built)})
             recalled = recall(agent, seen, items)
@@ -290,4 +298,4 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 __all__ = ["ABSTAIN_HINT", "ANSWER_SYSTEM", "NOT_MENTIONED", "QA_JSONL", "TASK_LOCOMO_ANSWER", "Ingested", "QAItem",
            "Recalled", "answer_request", "answer_rows", "ingest", "judge_rows", "locomo_items", "oracle_choice",
-           "play_qa", "qa_items", "reached", "recall", "session_dates", "summary"]
+           "play_qa", "qa_items", "reached", "recall", "session_dates", "summary", "with_speakers"]

@@ -74,6 +74,8 @@ def test_an_agent_sees_no_label_and_its_memorys_source_turns_are_what_reached(co
     agent, generator = WordRecall(), Recording()
     rows, ingested = play_qa(agent, conversations, generator, user_speaker=None, count_tokens=count_words)
     assert all("qa" not in meta and "annotations" not in meta for meta in agent.seen_meta)
+    assert [x for _, _, x in agent.turns] == [f"{t.speaker}: {t.text}" for s in conversations[-1].sessions
+                                              for t in s.turns]  # who said it is part of what is remembered
     assert [i["turns"] for i in ingested] == [sum(len(s.turns) for s in e.sessions) for e in conversations]
     pottery = next(r for r in rows if r["question"] == "When did Ann go to a pottery class?")
     assert pottery["reached"] == ["D1:1"] and pottery["reached_sessions"] == [1]
