@@ -222,7 +222,7 @@ def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
             agent = PolicyAgent(MemoryAgent(policies, ctx.tokenizer, ctx.store, ctx.generator,
                                             config=dataclasses.replace(spec.agent, greedy=True), seed=int(config.seed),
                                             policy_version=str(meta.get("policy_version", ckpt.name))),
-                                temperature=reply_temperature(config))
+                                temperature=reply_temperature(config), lockstep=spec.learner.users_in_flight)
         # notes: the note check's live counts (llm.note_check), read when the setting is written after the run
         return agent, {"checkpoint": str(ckpt), "training": training_record(ckpt, meta),
                        "notes": agent.agent.note_stats}

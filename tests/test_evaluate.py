@@ -13,7 +13,7 @@ from rouge_score import rouge_scorer
 from icml_jax import evaluate as ev
 from icml_jax import main as job
 from icml_jax.data.stream import held_out_episodes
-from icml_jax.evaluation.report import RESULTS_JSON, RESULTS_MD, TABLE8, TARGETS_JSONL
+from icml_jax.evaluation.report import RESULTS_JSON, RESULTS_MD, TABLE8, TARGETS_JSONL, read_targets
 from tests.test_main import tiny_demo
 
 
@@ -147,6 +147,29 @@ def test_learning_during_the_evaluation_updates_the_policy_before_each_groups_fi
     assert len(episodes) >= 2 and content["setting"]["learning"] == {"online": True, "updates": groups}
     assert changed == [True] * groups
     assert content["targets"] == sum(len(e.sessions[-1].turns) - 1 for e in episodes)
+
+
+def test_a_frozen_policy_in_lockstep_gives_the_sequential_evaluation(warmed, tmp_path, monkeypatch):
+    """users_in_flight=2: the greedy policy plays two episodes' history sessions per batched step (Trigger, Planner,
+    notes); every target row and every per-session count is the one sequential play gives."""
+    import shutil
+
+    from icml_jax.evaluation.protocol import PolicyAgent
+
+    config, workdir = warmed
+    rows, batches, many = {}, [], PolicyAgent.observe_many
+    monkeypatch.setattr(PolicyAgent, "observe_many", lambda self, items: (batches.append(len(items)),
+                                                                          many(self, items))[1])
+    for users in (1, 2):
+        work = tmp_path / f"run{users}"
+        shutil.copytree(workdir, work, ignore=shutil.ignore_patterns(ev.EVAL_DIR))
+        cfg = config.copy_and_resolve_references()
+        cfg.learner.update_every = cfg.learner.users_in_flight = users
+        content = ev.evaluate_workdir(cfg, work)
+        timing = ("retrieval_ms", "generation_ms")
+        rows[users] = ([{k: v for k, v in r.items() if k not in timing}
+                        for r in read_targets(work / ev.EVAL_DIR)], content["memory"])
+    assert rows[1] == rows[2] and len(rows[1][0]) > 0 and max(batches) == 2  # batched only at users_in_flight=2
 
 
 def test_command_line(warmed, tmp_path):

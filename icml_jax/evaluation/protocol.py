@@ -92,10 +92,11 @@ def reply_temperature(config: Any) -> float | None:
 
 class PolicyAgent:
     """The trained Planner and Trigger (a `MemoryAgent`) behind the `EvalAgent` interface; `temperature`: the
-    target replies' (None: the agent's own `reply_temperature`)."""
+    target replies' (None: the agent's own `reply_temperature`); `lockstep`: episodes whose history sessions are
+    played together, each tick's decisions and notes batched (`observe_many`)."""
 
-    def __init__(self, agent, name: str = "icml", temperature: float | None = None) -> None:
-        self.agent, self.name, self.temperature = agent, name, temperature
+    def __init__(self, agent, name: str = "icml", temperature: float | None = None, lockstep: int = 1) -> None:
+        self.agent, self.name, self.temperature, self.lockstep = agent, name, temperature, int(lockstep)
 
     def reset(self) -> None:
         for user in self.agent.store.user_ids():
@@ -115,6 +116,18 @@ class PolicyAgent:
         label = memory_label(episode.sessions[session].turns[turn])
         planner, _ = self.agent.remember(user_id, utterance, label=label, **where)
         return self._choice(decision, used), planner.save, 1e3 * (time.perf_counter() - start)
+
+    def observe_many(self, items):
+        """`observe` for one history turn of each of several users in one batched step (Trigger, Planner and
+        notes, no reply; `MemoryAgent.step_many`); each turn's construction time is the step's share."""
+        from icml_jax.agents.agent import TurnInput
+
+        start = time.perf_counter()
+        turns = [TurnInput(user, episode.sessions[s].turns[t].text, tuple(history), episode.episode_id, s, t,
+                           label=memory_label(episode.sessions[s].turns[t])) for user, episode, s, t, history in items]
+        steps = self.agent.step_many(turns, reply=False)
+        ms = 1e3 * (time.perf_counter() - start) / max(1, len(items))
+        return [(self._choice(r.trigger, r.memory_used), r.planner.save, ms) for _, r in steps]
 
     def memorize(self, user_id, episode, session, turn, history):
         """Memory construction alone (the Planner's save), without the Trigger's choice `observe` also makes:
@@ -324,10 +337,10 @@ def _history_schedule(episode: Episode, user_speaker: str | None) -> list[tuple[
 
 def _observe_tick(agent: EvalAgent, items: list[tuple[str, Episode, int, int, list[tuple[str, str]]]]
                   ) -> list[tuple[MemoryChoice, bool | None, float]]:
-    """One turn of each of several users: in one batched call where the agent has `observe_many`, else one
-    `observe` after another."""
+    """One turn of each of several users: in one batched call where the agent plays in lockstep (`lockstep` > 1,
+    `observe_many`), else one `observe` after another."""
     many = getattr(agent, "observe_many", None)
-    if many is not None:
+    if many is not None and int(getattr(agent, "lockstep", 1)) > 1:
         return list(many(items))
     return [agent.observe(*item) for item in items]
 
