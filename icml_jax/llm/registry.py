@@ -138,8 +138,9 @@ def make_backend(cfg: Any, **kwargs: Any) -> LLMBackend:
 
 
 # Keys a config block may leave None to mean "this kind's default": a block shared by several kinds (switched
-# with --config.llm.<role>.kind=...) cannot hold one kind's API-key variables without sending them to another.
-KIND_DEFAULT_IF_NONE = ("api_key_env", "strict_schema", "max_tokens_field", "context_tokens")
+# with --config.llm.<role>.kind=...) cannot hold one kind's API-key variables without sending them to another;
+# structured_output's defaults differ too (Gemini json_schema, OpenAI-compatible auto).
+KIND_DEFAULT_IF_NONE = ("api_key_env", "strict_schema", "max_tokens_field", "context_tokens", "structured_output")
 
 
 def _gemini_config(values: Mapping[str, Any]) -> Any:

@@ -1,6 +1,8 @@
 """The real `openai` client against a loopback OpenAI-compatible server (/v1/chat/completions): request shape,
 JSON-schema answers, usage, retries under 30% injected faults, one-line failures, caching, key hygiene and the
-command-line switch of a back-end block to kind=openai. No test waits for a backoff: sleeps are recorded."""
+command-line switch of a back-end block to kind=openai; the server also plays real servers' structured-output
+behaviour (llama-cpp-python's 500 on json_schema, a server taking neither response_format type) for
+structured_output=auto and for requests rejected for a field. No test waits for a backoff: sleeps are recorded."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import pytest
 from icml_jax.llm import BackendError, LLMRequest, MissingAPIKeyError, ProxyInput, ProxyJudge, QualityInput, QualityJudge
 from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
 from icml_jax.llm.gemini import GeminiBackend, GeminiConfig
-from icml_jax.llm.openai_compat import NO_KEY, OpenAIBackend, OpenAIConfig
+from icml_jax.llm.openai_compat import NO_KEY, OpenAIBackend, OpenAIConfig, structured_mode_of
 from icml_jax.llm.registry import check_backend, make_backend
 from tests.llm.loopback import loopback_server
 
@@ -35,10 +37,11 @@ FAULT_KINDS = ("429", "500", "stall", "bad_body", "no_choices", "bad_content")
 # -- the fake server --------------------------------------------------------------------------------------------
 
 
-def ok(text: str, prompt_tokens: int = 11, completion_tokens: int = 5, reasoning_tokens: int = 0) -> dict[str, Any]:
+def ok(text: str, prompt_tokens: int = 11, completion_tokens: int = 5, reasoning_tokens: int = 0,
+       finish_reason: str = "stop") -> dict[str, Any]:
     """A successful chat completion."""
     return {"kind": "ok", "text": text, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "reasoning_tokens": reasoning_tokens}
+            "reasoning_tokens": reasoning_tokens, "finish_reason": finish_reason}
 
 
 def status(code: int, message: str = "fault", headers: dict[str, str] | None = None) -> dict[str, Any]:
@@ -46,9 +49,14 @@ def status(code: int, message: str = "fault", headers: dict[str, str] | None = N
     return {"kind": "status", "code": code, "message": message, "headers": headers or {}}
 
 
-def slow(seconds: float) -> dict[str, Any]:
-    """An answer that comes after `seconds` (past the client's timeout)."""
-    return {"kind": "slow", "seconds": seconds, "then": ok("late")}
+def error(code: int, body: dict[str, Any] | str) -> dict[str, Any]:
+    """An HTTP error with exactly `body` (a dict as JSON, a str as plain text), as a given server words it."""
+    return {"kind": "error", "code": code, "body": body}
+
+
+def slow(seconds: float, then: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An answer (default: a late 200) that comes after `seconds`."""
+    return {"kind": "slow", "seconds": seconds, "then": then or ok("late")}
 
 
 FAULTS: dict[str, dict[str, Any]] = {
@@ -59,6 +67,59 @@ FAULTS: dict[str, dict[str, Any]] = {
     "no_choices": {"kind": "raw", "body": b'{"id": "x", "object": "chat.completion", "choices": []}'},
     "bad_content": ok("Sure! The score is high."),  # 200, valid body, content that is not the JSON asked for
 }
+
+# -- real servers' structured output (responders) -----------------------------------------------------------------
+
+JSON_SYSTEM = 'Answer with a JSON object: {"score": a number, "reason": a short sentence}.'  # as the judges' prompts
+
+
+def _prompt(body: dict[str, Any]) -> str:
+    """The user message of a chat-completion body."""
+    return body["messages"][-1]["content"]
+
+
+def _schema_answer(body: dict[str, Any]) -> dict[str, Any]:
+    """An answer in SCHEMA's shape (what a decoder constrained to it, or a model following the prompt, writes)."""
+    return ok(json.dumps({"score": 0.5, "reason": _prompt(body)}), 20, 9)
+
+
+def llama_cpp_python_500(got: str) -> dict[str, Any]:
+    """llama-cpp-python 0.3.x on a response_format type other than 'text' / 'json_object': FastAPI's validation
+    error, caught by the server's route handler and sent as an HTTP 500 with pydantic's error list."""
+    message = (f"[{{'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), 'msg': \"Input should be "
+               f"'text' or 'json_object'\", 'input': '{got}', 'ctx': {{'expected': \"'text' or 'json_object'\"}}}}]")
+    return error(500, {"error": {"message": message, "type": "internal_server_error", "param": None, "code": None}})
+
+
+def llama_cpp_python(body: dict[str, Any]) -> dict[str, Any]:
+    """llama-cpp-python's server: response_format {"type": "text" | "json_object", "schema"?}. json_schema is a 500
+    validation error; JSON mode constrains decoding to `schema` only when one is sent, else (as measured against
+    0.3.36) the answer is cut mid-object at the token cap."""
+    fmt = body.get("response_format")
+    if fmt is None:
+        return ok("echo:" + _prompt(body), 7, 3)
+    if fmt.get("type") not in ("text", "json_object"):
+        return llama_cpp_python_500(str(fmt.get("type")))
+    if fmt.get("type") == "json_object" and isinstance(fmt.get("schema"), dict):
+        return _schema_answer(body)
+    return ok('{"answer": "Sure! Here is what I think about', 20, int(body.get("max_tokens", 512)), 0, "length")
+
+
+def tgi_422(variant: str) -> dict[str, Any]:
+    """TGI (before it took OpenAI's types) on an unknown response_format type: axum's plain-text 422."""
+    return error(422, "Failed to deserialize the JSON body into the target type: response_format: unknown variant "
+                      f"`{variant}`, expected `json` or `regex` at line 1 column 310")
+
+
+def grammar_only(body: dict[str, Any]) -> dict[str, Any]:
+    """A server that takes neither response_format type (only its own `json` / `regex` grammars): 422 on both;
+    without response_format the model follows the prompt, which describes the JSON."""
+    fmt = body.get("response_format")
+    if fmt is not None and fmt.get("type") not in ("json", "regex"):
+        return tgi_422(str(fmt.get("type")))
+    if any("JSON" in str(m["content"]) for m in body["messages"]):
+        return _schema_answer(body)
+    return ok("echo:" + _prompt(body), 7, 3)
 
 
 class FakeOpenAI:
@@ -129,11 +190,12 @@ def _handler(state: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
         def log_message(self, *args: Any) -> None:
             """Silent, to keep pytest output clean."""
 
-        def _send(self, code: int, payload: bytes, headers: dict[str, str] | None = None) -> bool:
+        def _send(self, code: int, payload: bytes, headers: dict[str, str] | None = None,
+                  content_type: str = "application/json") -> bool:
             """Writes one response; False when the client already gave up (timed out)."""
             try:
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(payload)))
                 for name, value in (headers or {}).items():
                     self.send_header(name, value)
@@ -164,7 +226,7 @@ def _handler(state: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 if action["reasoning_tokens"]:
                     usage["completion_tokens_details"] = {"reasoning_tokens": action["reasoning_tokens"]}
                 payload = {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": body.get("model"),
-                           "choices": [{"index": 0, "finish_reason": "stop",
+                           "choices": [{"index": 0, "finish_reason": action["finish_reason"],
                                         "message": {"role": "assistant", "content": action["text"]}}],
                            "usage": usage}
                 if self._send(200, json.dumps(payload).encode()) and not late:
@@ -176,6 +238,13 @@ def _handler(state: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 self._send(action["code"], json.dumps(err).encode(), action["headers"])
             elif action["kind"] == "raw":
                 self._send(200, action["body"])
+            elif action["kind"] == "hangup":  # a reset: the connection closes without an answer
+                self.close_connection = True
+            elif action["kind"] == "error":
+                raw_body = action["body"]
+                text = raw_body if isinstance(raw_body, str) else json.dumps(raw_body)
+                self._send(action["code"], text.encode(), content_type="application/json" if
+                           isinstance(raw_body, dict) else "text/plain; charset=utf-8")
             else:  # pragma: no cover - test bug
                 raise AssertionError(action)
 
@@ -244,23 +313,165 @@ def test_reasoning_tokens_are_counted_as_thoughts(fake_openai, openai_env):
     assert body["max_completion_tokens"] == 64 and "max_tokens" not in body
 
 
-def test_structured_output_modes(fake_openai, openai_env):
+def _json_requests(n: int, tag: str = "rate") -> list[LLMRequest]:
+    """`n` JSON requests whose prompts describe the JSON, as the judges' do."""
+    return [LLMRequest(prompt=f"{tag} {i}", system=JSON_SYSTEM, json_schema=SCHEMA, task="proxy_judge")
+            for i in range(n)]
+
+
+def _formats(server: FakeOpenAI) -> list[str | None]:
+    """The response_format type of every request the server received, in arrival order (None: none sent)."""
+    return [(r["body"].get("response_format") or {}).get("type") for r in server.requests]
+
+
+def _in_shape(response: Any) -> bool:
+    """Whether an answer parsed to SCHEMA's shape (a number score, a string reason)."""
+    return response.ok_json and isinstance(response.parsed.get("score"), float) and \
+        isinstance(response.parsed.get("reason"), str)
+
+
+def test_explicit_structured_output_modes_are_kept(fake_openai, openai_env):
     fake_openai.responder = lambda body: ok('{"score": 0.25}')
-    for mode, expected in (("json_object", {"type": "json_object"}), ("prompt_only", None)):
+    for mode, expected in (("json_schema", {"type": "json_schema", "json_schema": {
+            "name": "generic_answer", "schema": SCHEMA, "strict": False}}),
+            ("json_object", {"type": "json_object", "schema": SCHEMA}),  # the schema rides along, always
+            ("prompt_only", None)):
         with _backend(fake_openai, structured_output=mode) as be:
+            assert be.structured_mode == mode  # decided by the config, before any request
             (r,) = be.generate([LLMRequest(prompt="x", json_schema=SCHEMA)])
         assert r.parsed == {"score": 0.25}
-        assert fake_openai.requests[-1]["body"].get("response_format") == expected
+        assert fake_openai.requests[-1]["body"].get("response_format") == expected, mode
+    assert OpenAIConfig().structured_output == "auto"
     with pytest.raises(ValueError, match="structured_output"):
         OpenAIConfig(structured_output="xml")
 
 
-def test_a_server_rejecting_json_schema_names_the_fallback(fake_openai, openai_env):
-    fake_openai.push(status(400, "response_format type 'json_schema' is not supported"))
-    with _backend(fake_openai) as be:
+def test_an_explicit_json_schema_rejected_by_llama_cpp_python_is_not_retried(fake_openai, openai_env):
+    fake_openai.responder = llama_cpp_python
+    with _backend(fake_openai, structured_output="json_schema") as be:
         with pytest.raises(BackendError, match=r"1 attempt\(s\) of 4 \(not retryable\)") as ei:
-            be.generate([LLMRequest(prompt="x", json_schema=SCHEMA)])
-    assert "structured_output=prompt_only" in str(ei.value) and fake_openai.hits == 1
+            be.generate(_json_requests(1))
+        usage = be.usage
+    msg = str(ei.value)
+    assert fake_openai.hits == 1 and usage.retries == 0 and not ei.value.retryable
+    assert msg.startswith(f"openai (model {MODEL}) back end") and f"HTTP 500 from {fake_openai.base_url}" in msg
+    assert "Input should be 'text' or 'json_object'" in msg and "request field 'response_format'" in msg
+    assert "set structured_output=auto or structured_output=json_object or structured_output=prompt_only" in msg
+    assert "--config.llm.<role>.structured_output=auto" in msg
+
+
+@pytest.mark.parametrize("server, mode, rejected", [
+    ("openai", "json_schema", []),
+    ("llama_cpp_python", "json_object", ["json_schema"]),
+    ("grammar_only", "prompt_only", ["json_schema", "json_object"]),
+])
+def test_auto_finds_the_mode_each_server_takes(fake_openai, openai_env, caplog, server, mode, rejected):
+    fake_openai.responder = {"openai": fake_openai.echo, "llama_cpp_python": llama_cpp_python,
+                             "grammar_only": grammar_only}[server]
+    caplog.set_level(logging.INFO, logger="icml_jax.llm.openai_compat")
+    with _backend(fake_openai) as be:
+        (plain,) = be.generate([LLMRequest(prompt="hi")])  # no schema: nothing probed, nothing decided
+        assert be.structured_mode == "auto" and plain.text == "echo:hi"
+        first = be.generate(_json_requests(1, "first"))
+        rest = be.generate(_json_requests(4))
+        usage = be.usage
+        assert be.structured_mode == mode and structured_mode_of(be) == mode
+    assert all(_in_shape(r) for r in first + rest) and first[0].parsed["reason"] == "first 0"
+    sent = [mode if mode != "prompt_only" else None] * 5
+    assert _formats(fake_openai) == [None, *rejected, *sent]  # one rejection per mode left, no retry
+    assert usage.retries == 0 and usage.attempts == fake_openai.hits == 1 + len(rejected) + 5
+    if mode == "json_object":
+        assert all(r["body"]["response_format"]["schema"] == SCHEMA for r in fake_openai.requests[2:])
+    (decided,) = [r for r in caplog.records if "structured output uses" in r.getMessage()]  # logged once
+    assert f"uses {mode} for every JSON request" in decided.getMessage()
+    assert all(f"{m}: HTTP" in decided.getMessage() for m in rejected)  # and why each mode above it was left
+    assert decided.levelno == (logging.WARNING if rejected else logging.INFO)
+
+
+def test_llama_cpp_python_honours_json_object_only_with_the_schema(fake_openai, openai_env):
+    import openai
+
+    fake_openai.responder = llama_cpp_python
+    with _backend(fake_openai, structured_output="json_object") as be:
+        (r,) = be.generate(_json_requests(1))
+    assert _in_shape(r) and fake_openai.requests[-1]["body"]["response_format"]["schema"] == SCHEMA
+    # the same server asked for JSON mode without the schema (what json_object sent before): cut at the cap
+    with openai.OpenAI(api_key="k", base_url=fake_openai.base_url, max_retries=0) as client:
+        raw = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                             response_format={"type": "json_object"}, max_tokens=64)
+    assert raw.choices[0].finish_reason == "length" and raw.usage.completion_tokens == 64
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(raw.choices[0].message.content)
+
+
+@pytest.mark.parametrize("server, rejections", [("llama_cpp_python", 1), ("grammar_only", 2)])
+def test_auto_decides_once_across_concurrent_requests(fake_openai, openai_env, caplog, server, rejections):
+    responder = {"llama_cpp_python": llama_cpp_python, "grammar_only": grammar_only}[server]
+
+    def slow_rejections(body: dict[str, Any]) -> dict[str, Any]:
+        """`responder`'s answer, a rejection 0.2 s late: the other requests arrive while a probe is out."""
+        action = responder(body)
+        return slow(0.2, action) if action["kind"] == "error" else action
+
+    fake_openai.responder = slow_rejections
+    caplog.set_level(logging.INFO, logger="icml_jax.llm.openai_compat")
+    with _backend(fake_openai, max_concurrency=8) as be:
+        out = be.generate(_json_requests(8))
+        usage = be.usage
+        mode = be.structured_mode
+    assert all(_in_shape(r) for r in out) and [r.parsed["reason"] for r in out] == [f"rate {i}" for i in range(8)]
+    assert fake_openai.hits == 8 + rejections and usage.attempts == fake_openai.hits and usage.retries == 0
+    formats = _formats(fake_openai)
+    assert formats[:rejections] == ["json_schema", "json_object"][:rejections]  # one probe per mode, in order
+    assert formats[rejections:] == [{"llama_cpp_python": "json_object", "grammar_only": None}[server]] * 8
+    (decided,) = [r.getMessage() for r in caplog.records if "structured output uses" in r.getMessage()]
+    assert f"uses {mode} for every JSON request" in decided  # decided and logged once
+
+
+def test_transient_faults_while_probing_are_retried(fake_openai, openai_env):
+    # quota, a bare 500, a connection closed without an answer: no rejection, the probe is retried
+    fake_openai.push(FAULTS["429"], FAULTS["500"], {"kind": "hangup"})
+    fake_openai.responder = llama_cpp_python
+    sleeps: list[float] = []
+    with _backend(fake_openai, sleeps=sleeps) as be:
+        (r,) = be.generate(_json_requests(1))
+        usage = be.usage
+        assert be.structured_mode == "json_object"
+    assert _in_shape(r) and r.attempts == 4 and usage.retries == 3 and len(sleeps) == 3 and sleeps[0] >= 2.0
+    # three faults on json_schema probes (retried), then json_schema rejected once, then json_object answered
+    assert _formats(fake_openai) == ["json_schema"] * 4 + ["json_object"] and usage.attempts == 5
+
+
+def test_a_rejected_field_names_its_knob_and_is_not_retried(fake_openai, openai_env):
+    fake_openai.push(error(400, {"error": {
+        "message": "Unsupported parameter: 'max_tokens' is not supported with this model. Use "
+                   "'max_completion_tokens' instead.", "type": "invalid_request_error", "param": "max_tokens",
+        "code": "unsupported_parameter"}}))
+    with _backend(fake_openai) as be:
+        with pytest.raises(BackendError) as ei:
+            be.generate([LLMRequest(prompt="x")])
+    assert fake_openai.hits == 1 and "HTTP 400" in str(ei.value) and "request field 'max_tokens'" in str(ei.value)
+    assert "set max_tokens_field=max_completion_tokens" in str(ei.value)
+    # a server validating with pydantic that knows no max_completion_tokens, answering (like llama-cpp-python) 500
+    fake_openai.responder = lambda body: error(500, {"error": {
+        "message": "[{'type': 'extra_forbidden', 'loc': ('body', 'max_completion_tokens'), 'msg': 'Extra inputs "
+                   "are not permitted', 'input': 64}]", "type": "internal_server_error", "param": None, "code": None}})
+    with _backend(fake_openai, max_tokens_field="max_completion_tokens") as be:
+        (failed,) = be.generate_each([LLMRequest(prompt="y")])
+        with pytest.raises(BackendError, match=r"1 attempt\(s\) of 4 \(not retryable\).*HTTP 500") as ei:
+            be.generate(_json_requests(1))  # under auto: not taken for a response_format rejection either
+        assert be.structured_mode == "auto"
+    assert isinstance(failed, BackendError) and fake_openai.hits == 3  # one each: neither request retried
+    for err in (failed, ei.value):
+        assert "request field 'max_completion_tokens': set max_tokens_field=max_tokens" in str(err)
+    # a length cap over the server's limit: not retried, no knob to offer
+    fake_openai.responder = lambda body: error(422, {"error": "Input validation error: `max_new_tokens` must be "
+                                                              "<= 2048. Given: 4096", "error_type": "validation"})
+    with _backend(fake_openai) as be:
+        with pytest.raises(BackendError) as ei:
+            be.generate([LLMRequest(prompt="z", max_output_tokens=4096)])
+    assert fake_openai.hits == 4 and "HTTP 422" in str(ei.value) and "must be <= 2048" in str(ei.value)
+    assert "request field 'max_tokens'" in str(ei.value) and "set " not in str(ei.value)
 
 
 def _judged(backend: Any) -> tuple[list[Any], list[Any]]:
@@ -488,6 +699,8 @@ def _command_line(*overrides: str) -> Any:
 
 
 def test_a_gemini_block_switched_to_openai_on_the_command_line(fake_openai, openai_env, monkeypatch):
+    from icml_jax.llm.registry import KIND_DEFAULT_IF_NONE, dataclass_from_config
+
     monkeypatch.setenv("GEMINI_API_KEY", "gemini-key-must-stay-home")
     config = _command_line("--config.llm.judge.kind=openai", "--config.llm.judge.model=gpt-4o-mini",
                            f"--config.llm.judge.base_url={fake_openai.base_url}", "--config.llm.judge.max_attempts=2",
@@ -508,10 +721,17 @@ def test_a_gemini_block_switched_to_openai_on_the_command_line(fake_openai, open
     local = _command_line("--config.llm.generator.kind=openai", "--config.llm.generator.api_key_env=()")
     with make_backend(local.llm.generator) as be:  # README's flag for a server without a key
         assert be.config.api_key_env == ()
+        # the shared block carries Gemini's structured_output=json_schema (README: add ...=auto for such servers)
+        assert be.structured_mode == "json_schema"
+    auto = _command_line("--config.llm.generator.kind=openai", "--config.llm.generator.structured_output=auto")
+    with make_backend(auto.llm.generator) as be:
+        assert be.structured_mode == "auto"
+    for kind, default in (("openai", "auto"), ("gemini", "json_schema")):  # None: each kind's own default
+        block = {"kind": kind, "model": "m", "structured_output": None}
+        assert dataclass_from_config(OpenAIConfig if kind == "openai" else GeminiConfig, check_backend(block),
+                                     unset_if_none=KIND_DEFAULT_IF_NONE).structured_output == default
     judge = check_backend(config.llm.judge, "config.llm.judge")  # untouched: still Gemini, with Gemini's key names
     with pytest.raises(AttributeError, match="strict"):  # a misspelt knob fails on the command line
         _command_line("--config.llm.judge.kind=openai", "--config.llm.judge.strict=True")
-    from icml_jax.llm.registry import KIND_DEFAULT_IF_NONE, dataclass_from_config
-
     assert judge["kind"] == "gemini" and dataclass_from_config(GeminiConfig, judge, unset_if_none=KIND_DEFAULT_IF_NONE
                                                                ).api_key_env == ("GEMINI_API_KEY", "GOOGLE_API_KEY")
