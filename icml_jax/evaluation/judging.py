@@ -35,25 +35,27 @@ def proxy_truth_correlation(judge: ProxyJudge, results: Sequence[EpisodeResult],
     """Pearson r between the proxy reward of each save (the judge's information value of the saved turn) and
     its truth reward (the mean judged quality of the final-session replies that used that memory), over the
     saves that some reply used (overall and per session of the save); r is None with fewer than 3 such saves or a
-    constant side. Needs `judge_targets` first."""
+    constant side. Only the used saves are judged (no other save enters r; `proxy_failures` counts among them).
+    Needs `judge_targets` first."""
     from icml_jax.rl.save_log import pearson_or_none
 
     by_id = {e.episode_id: e for e in episodes}
-    saves = [(r.episode_id, s) for r in results for s in r.saved]
-    items = []
-    for episode_id, s in saves:
-        turn = by_id[episode_id].sessions[s["session"]].turns[s["turn"]]
-        items.append(ProxyInput(turn.text, tuple(map(tuple, s["history"])),
-                                label=None if turn.y_p is None else float(turn.y_p)))
-    proxies = judge.judge(items) if items else []
     quality: dict[tuple[str, int, int], list[float]] = {}
     for r in results:
         for row in r.targets:
             if row.get("memory_ref") and row.get("judge"):
                 key = (row["episode_id"], *row["memory_ref"])
                 quality.setdefault(key, []).append(sum(row["judge"].values()) / len(row["judge"]))
+    saves = [(r.episode_id, s) for r in results for s in r.saved]
+    used = [(eid, s) for eid, s in saves if (eid, s["session"], s["turn"]) in quality]
+    items = []
+    for episode_id, s in used:
+        turn = by_id[episode_id].sessions[s["session"]].turns[s["turn"]]
+        items.append(ProxyInput(turn.text, tuple(map(tuple, s["history"])),
+                                label=None if turn.y_p is None else float(turn.y_p)))
+    proxies = judge.judge(items) if items else []
     pairs = [(s["session"], p.score, sum(quality[k]) / len(quality[k]))
-             for (eid, s), p in zip(saves, proxies, strict=True)
+             for (eid, s), p in zip(used, proxies, strict=True)
              if p.ok and (k := (eid, s["session"], s["turn"])) in quality]
 
     def r_of(xy: Sequence[tuple[int, float, float]]) -> float | None:

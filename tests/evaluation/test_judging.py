@@ -114,9 +114,17 @@ def test_proxy_truth_correlation_pairs_each_used_save_with_the_quality_of_the_re
             for t, qs in quality.items() for q in qs]
     rows.append({"episode_id": "ep-1", "memory_ref": None, "judge": {"a": 1.0, "b": 1.0}})
     result = EpisodeResult("ep-1", rows, [], [], [], [], saved)
-    out = proxy_truth_correlation(ProxyJudge(OfflineBackend()), [result], [episode])
+    judged = []
+
+    class Counting(ProxyJudge):
+        def judge(self, items):
+            judged.extend(item.turn_text for item in items)
+            return super().judge(items)
+
+    out = proxy_truth_correlation(Counting(OfflineBackend()), [result], [episode])
     x, y = [0.0, 1.0, 0.0, 1.0], [0.3, 0.9, 0.1, 0.75]
     assert out["saves"] == 5 and out["saves_used"] == 4 and out["proxy_failures"] == 0
+    assert judged == ["fact 0", "fact 1", "fact 2", "fact 3"]  # the unused save is not judged
     assert out["r"] == pytest.approx(np.corrcoef(x, y)[0, 1])
     flat = EpisodeResult("ep-1", rows[:1], [], [], [], [], saved)  # one used save: r undefined, not 0
     assert proxy_truth_correlation(ProxyJudge(OfflineBackend()), [flat], [episode])["r"] is None
