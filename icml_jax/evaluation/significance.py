@@ -20,7 +20,7 @@ import numpy as np
 
 from icml_jax.evaluation.metrics import JUDGE_DIMENSIONS
 from icml_jax.evaluation.pairwise import align
-from icml_jax.evaluation.report import read_targets
+from icml_jax.evaluation.report import LIKELIHOOD, read_targets
 
 DEFAULT_SAMPLES = 10_000
 Row = Mapping[str, Any]
@@ -192,9 +192,14 @@ def markdown(tests: Mapping[str, Sequence[PairedTest]], baseline: str) -> str:
     lines = [f"| system (minus {baseline}) | " + " | ".join(metrics) + " |", "|---|" + "---:|" * len(metrics)]
     for name, ts in tests.items():
         by = {t.metric: t for t in ts}
-        lines.append(f"| {name} | " + " | ".join(f"{by[m].delta:+.2f} ({format_p(by[m].p_value)})" if m in by else "-"
-                                                 for m in metrics) + " |")
+        lines.append(f"| {name} | " + " | ".join(
+            f"{by[m].delta:+.{_digits(m)}f} ({format_p(by[m].p_value)})" if m in by else "-" for m in metrics) + " |")
     return "\n".join(lines)
+
+
+def _digits(metric: str) -> int:
+    """Decimals a difference is printed with: 4 for nats per token (LIKELIHOOD's gaps are hundredths), else 2."""
+    return 4 if metric in LIKELIHOOD else 2
 
 
 def _needed(test: PairedTest, effect: float | None) -> str:
@@ -215,7 +220,7 @@ def power_line(test: PairedTest) -> str:
              f", {_needed(test, test.paper_effect)} at the paper's {test.paper_effect:.2f}"
              + {True: " (powered)", False: " (underpowered)", None: ""}[test.powered])
     return (f"{test.metric}: n {test.n}, sd {sd}; targets needed for {POWER:.0%} power at two-sided alpha {ALPHA}: "
-            f"{_needed(test, test.delta)} at the observed {abs(test.delta):.2f}{paper}")
+            f"{_needed(test, test.delta)} at the observed {abs(test.delta):.{_digits(test.metric)}f}{paper}")
 
 
 def power_markdown(tests: Mapping[str, Sequence[PairedTest]], baseline: str) -> str:

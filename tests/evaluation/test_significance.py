@@ -27,6 +27,7 @@ from icml_jax.evaluation.significance import (
     compare_rows,
     format_p,
     main,
+    markdown,
     needed_targets,
     power_line,
     power_markdown,
@@ -151,7 +152,7 @@ def test_a_zero_or_unknown_effect_needs_no_finite_number_of_targets():
     assert needed_targets(3.0, 0.0) is None and needed_targets(None, 1.0) is None and needed_targets(1.0, None) is None
     t = PairedTest("NLL", 2.0, 2.0, 28, 1.0, sd=0.5)
     assert t.needed_observed is None and t.needed_paper is None and t.powered is None
-    assert "∞ at the observed 0.00; the paper reports no effect" in power_line(t)
+    assert "∞ at the observed 0.0000; the paper reports no effect" in power_line(t)  # nats: 4 decimals
 
 
 def test_at_the_needed_number_of_targets_the_sign_flip_test_rejects_about_80_percent():
@@ -197,6 +198,8 @@ def test_compare_rows_fills_sd_and_needed_targets_for_every_metric_including_mem
     cells = dict(zip(header, row, strict=True))
     assert cells["BLEU-4"] == "∞ / - (n 10)" and cells["Consistency"] == "6 / - (n 9)"
     assert cells["NLL"] == f"{tests['NLL'].needed_observed} / - (n 10)"
+    differences = markdown({"ours": list(tests.values())}, "base")  # nats per token in 4 decimals, the rest 2
+    assert f"{tests['Memory gain'].delta:+.4f} (p " in differences and f"{tests['BERTScore'].delta:+.2f} (p " in differences
 
 
 def test_bleus_sd_from_the_swaps_is_the_per_target_spread():
