@@ -254,6 +254,7 @@ def locomo_report(ctx: Any, ours_policy: Callable[[int], Path]) -> Report:
         "Ev. recall: the share of a question's evidence turns whose memory reached the answer prompt (questions "
         "with evidence only); Sess. recall: the same by session.",
         f"Notes: {'each saved turn is its own memory text (no model writes notes)' if settings.notes == 'turn' else 'the generator writes each note'}.",
+        f"The setting's data ({ctx.config.data.name}) is what ours was trained on; every system reads LoCoMo.",
     ]
     return report
 
