@@ -153,7 +153,8 @@ def run_system(config: ml_collections.ConfigDict, settings: LocomoSettings, out_
     tokenizer = build_tokenizer(config, policy_dir or out_dir)
     count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     cache = ResponseCache(cache_path)
-    generator = CachedBackend(make_backend(config.llm.generator), cache, answer_namespace(config.llm.generator.to_dict()))
+    generator = CachedBackend(make_backend(config.llm.generator), cache,
+                              answer_namespace(config.llm.generator.to_dict()))
     writer = VerbatimNotes(generator) if settings.notes == "turn" else generator
     # the judge back end: J (settings.judge) and the learner's rewards where they come from judges
     judge = (CachedBackend(make_backend(config.llm.judge), cache, answer_namespace(config.llm.judge.to_dict()))
@@ -244,16 +245,19 @@ def locomo_report(ctx: Any, ours_policy: Callable[[int], Path]) -> Report:
     report.extra["paired_tests"] = tests
     report.sections.append(paired_markdown(tests))
     report.sections.append(PUBLISHED)
+    answered = ("every question" if settings.answered is None
+                else f"{settings.answered} seeded questions per conversation")
+    notes = ("each saved turn is its own memory text (no model writes notes)" if settings.notes == "turn"
+             else "the generator writes each note")
     report.notes += [
         f"{len(episodes)} {'LoCoMo conversations' if settings.format == 'locomo' else 'LongMemEval questions'} "
-        f"of {settings.file}; "
-        f"every question recalled for; {'every question' if settings.answered is None else f'{settings.answered} seeded questions per conversation'} answered"
+        f"of {settings.file}; every question recalled for; {answered} answered"
         "; F1: LoCoMo's own token F1 (Porter-stemmed, per category as its release scores it), B1: BLEU-1 (nltk, "
         "smoothing 1, the Mem0 paper's tokens); categories 1-4 pooled, adversarial (5) apart: the share answered "
         "'not mentioned'.",
         "Ev. recall: the share of a question's evidence turns whose memory reached the answer prompt (questions "
         "with evidence only); Sess. recall: the same by session.",
-        f"Notes: {'each saved turn is its own memory text (no model writes notes)' if settings.notes == 'turn' else 'the generator writes each note'}.",
+        f"Notes: {notes}.",
         f"The setting's data ({ctx.config.data.name}) is what ours was trained on; every system reads LoCoMo.",
     ]
     return report
@@ -287,5 +291,5 @@ single-hop is category 1, multi-hop category 3, open-domain category 4, temporal
 """
 
 
-__all__ = ["COLUMNS", "FORMATS", "LocomoSettings", "ORACLE", "OURS_ONLINE", "conversations", "locomo_report", "paired", "answered_selector",
-           "read_rows", "run_system", "table_row"]
+__all__ = ["COLUMNS", "FORMATS", "LocomoSettings", "ORACLE", "OURS_ONLINE", "answered_selector", "conversations",
+           "locomo_report", "paired", "read_rows", "run_system", "table_row"]
