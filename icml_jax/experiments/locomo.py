@@ -147,7 +147,7 @@ def run_system(config: ml_collections.ConfigDict, settings: LocomoSettings, out_
     done = out_dir / RESULTS
     if done.is_file():
         content = json.loads(done.read_text(encoding="utf-8"))
-        if content.get("setting") == json.loads(json.dumps(setting)):
+        if _comparable(content.get("setting") or {}) == _comparable(json.loads(json.dumps(setting))):
             return content
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(config, policy_dir or out_dir)
@@ -177,6 +177,15 @@ def run_system(config: ml_collections.ConfigDict, settings: LocomoSettings, out_
                "verbatim_notes": getattr(writer, "notes", None), "setting": setting}
     done.write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return content
+
+
+def _comparable(setting: Mapping[str, Any]) -> dict[str, Any]:
+    """A system's recorded setting without the experiment's list of systems (which does not change any one
+    system's run): what a rerun must match to be read back."""
+    out = json.loads(json.dumps(setting))
+    out.get("locomo", {}).pop("systems", None)
+    ((out.get("config") or {}).get("experiments") or {}).get("locomo", {}).pop("systems", None)
+    return out
 
 
 def read_rows(out_dir: Path) -> list[dict[str, Any]]:

@@ -310,6 +310,10 @@ def test_locomo_asks_every_system_every_question_and_tests_them_in_pairs(workdir
     monkeypatch.setattr(locomo, "play_qa", lambda *a, **k: pytest.fail("a rerun plays nothing again"))
     assert json.loads(run_experiment("locomo", config, workdir, [0], log=lambda line: None)["json"].read_text(
         encoding="utf-8"))["rows"] == content["rows"]
+    config.experiments.locomo.systems = systems[1:3]  # fewer systems: each one's results are still read back
+    again = json.loads(run_experiment("locomo", config, workdir, [0], log=lambda line: None)["json"].read_text(
+        encoding="utf-8"))["rows"]
+    assert again == {name: content["rows"][name] for name in systems[1:3]}
 
 
 def test_ours_online_learns_from_locomos_sessions_and_never_sees_a_question_answer_or_evidence(workdir, monkeypatch):
