@@ -18,13 +18,12 @@ its data/locomo10.json.
 
 from __future__ import annotations
 
-import importlib.util
-import types
 from pathlib import Path
 
 import ml_collections
 from ml_collections.config_dict import placeholder
 
+from icml_jax.configlib import load_config
 from icml_jax.data.protocol import shared_data_dir
 
 ANSWERED = 20  # questions per conversation the generator answers (a seeded draw, the same for every system)
@@ -33,17 +32,9 @@ SYSTEMS = ("ours", "no_memory", "long_context", "dense@1", "dense@3", "dense@10"
            "ld_agent", "a_mem", "memoryos", "theanine", "memochat", "rsum", "comedy", "evidence_oracle")
 
 
-def _load(name: str) -> types.ModuleType:
-    """A sibling config file loaded by path (config files are loaded as files, not as a package)."""
-    spec = importlib.util.spec_from_file_location(f"icml_configs_{name}", Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def get_config() -> ml_collections.ConfigDict:
     """configs/gc_smollm2.py (ours trained as there) with the LoCoMo experiment's block."""
-    config = _load("gc_smollm2").get_config()
+    config = load_config(Path(__file__).with_name("gc_smollm2.py"))
     # long_context: the newest 2,048 tokens of the conversation, not SmolLM2's 8,192-token window (a prefill of
     # 8k tokens per answered question would cost about as much as every other system together on 2 cores)
     config.baselines.long_context_tokens = LONG_CONTEXT_TOKENS

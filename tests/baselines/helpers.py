@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from icml_jax.data.schema import Episode, Session, Turn
-from icml_jax.evaluation.protocol import EpisodeResult, play_episode
+from icml_jax.evaluation.protocol import EpisodeResult, MemoryChoice, play_episode
 from icml_jax.llm.offline import OfflineBackend
 from icml_jax.llm.types import LLMRequest, LLMResponse, TokenUsage
 
@@ -97,3 +97,35 @@ def play_two_users(agent) -> tuple[Episode, Episode]:
                     agent.observe(ep.episode_id, ep, s, t, history)
                 history.append((turn.speaker, turn.text))
     return a, b
+
+
+class WordRecall:
+    """Keeps every turn; recalls for a question the turns sharing a word of 4+ letters with it. Records what it
+    was shown."""
+
+    name = "word-recall"
+
+    def __init__(self) -> None:
+        self.turns: list[tuple[int, int, str]] = []
+        self.seen: list[Episode] = []  # every episode memorize was given
+
+    def reset(self) -> None:
+        self.turns = []
+
+    def memorize(self, user, episode, session, turn, history):
+        self.seen.append(episode)
+        self.turns.append((session, turn, episode.sessions[session].turns[turn].text))
+        return True, 1.0
+
+    def recall_questions(self, user, episode, asked):
+        out = []
+        for q in asked:
+            words = {w.strip("?.,!").lower() for w in q.split() if len(w.strip("?.,!")) >= 4}
+            hits = [(s, t, x) for s, t, x in self.turns if words & {w.strip("?.!,").lower() for w in x.split()}]
+            refs = tuple((user, s, t) for s, t, _ in hits)
+            out.append(MemoryChoice("m", "\n".join(x for _, _, x in hits), refs[0], None, refs) if hits
+                       else MemoryChoice(None, None, None, None))
+        return out
+
+    def memory_texts(self, user):
+        return [x for _, _, x in self.turns]

@@ -26,9 +26,8 @@ from icml_jax.data.sources.longmemeval import (
 )
 from icml_jax.evaluation import locomo_scoring as scoring
 from icml_jax.evaluation.locomo_qa import ABSTAIN_HINT, NOT_MENTIONED, TEMPORAL_HINT, answer_request, play_qa, qa_items
-from icml_jax.evaluation.protocol import MemoryChoice
 from icml_jax.llm.offline import OfflineBackend
-from tests.baselines.helpers import Recording, count_words
+from tests.baselines.helpers import Recording, WordRecall, count_words
 
 D = ["2023/05/20 (Sat) 02:21", "2023/05/22 (Mon) 10:00", "2023/05/25 (Thu) 18:30", "2023/06/01 (Thu) 09:15",
      "2023/06/03 (Sat) 11:45"]
@@ -257,38 +256,6 @@ def test_any_session_order_round_trips(tmp_path_factory, sessions, rng, data) ->
 
 
 # --- the QA protocol on LongMemEval episodes ---------------------------------------------------------------------
-
-
-class WordRecall:
-    """Keeps every turn; recalls for a question the turns sharing a word of 4+ letters with it. Records what it
-    was shown."""
-
-    name = "word-recall"
-
-    def __init__(self) -> None:
-        self.turns: list[tuple[int, int, str]] = []
-        self.seen: list[Episode] = []
-
-    def reset(self) -> None:
-        self.turns = []
-
-    def memorize(self, user, episode, session, turn, history):
-        self.seen.append(episode)
-        self.turns.append((session, turn, episode.sessions[session].turns[turn].text))
-        return True, 1.0
-
-    def recall_questions(self, user, episode, asked):
-        out = []
-        for q in asked:
-            words = {w.strip("?.,!").lower() for w in q.split() if len(w.strip("?.,!")) >= 4}
-            hits = [(s, t, x) for s, t, x in self.turns if words & {w.strip("?.!,").lower() for w in x.split()}]
-            refs = tuple((user, s, t) for s, t, _ in hits)
-            out.append(MemoryChoice("m", "\n".join(x for _, _, x in hits), refs[0], None, refs) if hits
-                       else MemoryChoice(None, None, None, None))
-        return out
-
-    def memory_texts(self, user):
-        return [x for _, _, x in self.turns]
 
 
 def test_the_oracle_reaches_every_has_answer_turn_and_session_recall_counts_answer_sessions(episodes) -> None:

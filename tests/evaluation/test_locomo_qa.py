@@ -12,13 +12,12 @@ from icml_jax.baselines.dense import DenseAgent
 from icml_jax.data.sources.locomo import parse_locomo
 from icml_jax.evaluation import locomo_scoring as scoring
 from icml_jax.evaluation.locomo_qa import (NOT_MENTIONED, TEMPORAL_HINT, answer_request, locomo_items, play_qa)
-from icml_jax.evaluation.protocol import MemoryChoice
 from icml_jax.llm.offline import OfflineBackend
 from icml_jax.llm.prompts import condense_request
 from icml_jax.llm.types import TASK_CONDENSE, LLMRequest
 from icml_jax.llm.verbatim import VerbatimNotes
 from icml_jax.memory.store import MemoryStore
-from tests.baselines.helpers import KeywordEncoder, Recording, count_words
+from tests.baselines.helpers import KeywordEncoder, Recording, WordRecall, count_words
 
 FIXTURE = Path(__file__).parents[1] / "data" / "fixtures" / "locomo" / "locomo10.json"
 
@@ -26,37 +25,6 @@ FIXTURE = Path(__file__).parents[1] / "data" / "fixtures" / "locomo" / "locomo10
 @pytest.fixture(scope="module")
 def conversations():
     return list(parse_locomo(FIXTURE))
-
-
-class WordRecall:
-    """Keeps every turn; recalls for a question the turns sharing a word of 4+ letters with it. Records what it
-    was shown."""
-
-    name = "word-recall"
-
-    def __init__(self) -> None:
-        self.turns, self.seen_meta = [], []
-
-    def reset(self) -> None:
-        self.turns = []
-
-    def memorize(self, user, episode, session, turn, history):
-        self.seen_meta.append(dict(episode.meta))
-        self.turns.append((session, turn, episode.sessions[session].turns[turn].text))
-        return True, 1.0
-
-    def recall_questions(self, user, episode, questions):
-        out = []
-        for q in questions:
-            words = {w.strip("?.,'s").lower() for w in q.split() if len(w) >= 4}
-            hits = [(s, t, x) for s, t, x in self.turns if words & {w.strip("?.!,").lower() for w in x.split()}]
-            refs = tuple((user, s, t) for s, t, _ in hits)
-            out.append(MemoryChoice("m", "\n".join(x for _, _, x in hits), refs[0], None, refs) if hits
-                       else MemoryChoice(None, None, None, None))
-        return out
-
-    def memory_texts(self, user):
-        return [x for _, _, x in self.turns]
 
 
 def test_the_oracle_reaches_every_evidence_turn_and_each_row_recomputes(conversations):
@@ -73,7 +41,7 @@ def test_the_oracle_reaches_every_evidence_turn_and_each_row_recomputes(conversa
 def test_an_agent_sees_no_label_and_its_memorys_source_turns_are_what_reached(conversations):
     agent, generator = WordRecall(), Recording()
     rows, ingested = play_qa(agent, conversations, generator, user_speaker=None, count_tokens=count_words)
-    assert all("qa" not in meta and "annotations" not in meta for meta in agent.seen_meta)
+    assert all("qa" not in e.meta and "annotations" not in e.meta for e in agent.seen)
     assert [x for _, _, x in agent.turns] == [f"{t.speaker}: {t.text}" for s in conversations[-1].sessions
                                               for t in s.turns]  # who said it is part of what is remembered
     assert [i["turns"] for i in ingested] == [sum(len(s.turns) for s in e.sessions) for e in conversations]
