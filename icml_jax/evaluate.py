@@ -25,6 +25,8 @@ import ml_collections
 from absl import app, flags
 from tqdm.auto import tqdm
 
+from icml_jax.llm.openai_compat import structured_mode_of
+
 EVAL_DIR = "eval"
 CACHE_FILE = "cache.sqlite"
 
@@ -142,15 +144,18 @@ def _memory_gain(config: ml_collections.ConfigDict, generator, results, episodes
             "unit": "nats per reference token: log p(gold | prompt with the memory) - log p(gold | prompt without)"}
 
 
-def _usage(backend, turns: int, prices: Any) -> dict[str, Any]:
+def backend_usage(backend: Any, turns: int, prices: Any) -> dict[str, Any]:
     """A back end's calls and tokens over the evaluation (cached answers included: the cost of one run), per
-    turn the agent acted on or answered, and the estimated cost when `prices` = {"input": USD, "output": USD}
-    per million tokens is configured."""
+    turn the agent acted on or answered, the estimated cost when `prices` = {"input": USD, "output": USD}
+    per million tokens is configured, and the structured-output mode an OpenAI-compatible back end settled on."""
     used = dict(backend.answered)
     out: dict[str, Any] = {**used, "per_turn": {k: v / turns for k, v in used.items()} if turns else None}
     if prices:
         out["estimated_usd"] = (used["prompt_tokens"] * float(prices["input"])
                                 + used["output_tokens"] * float(prices["output"])) / 1e6
+    mode = structured_mode_of(backend)
+    if mode is not None:
+        out["structured_output"] = mode
     return out
 
 
@@ -319,7 +324,7 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     model_scores = _model_scores(config, [row for r in results for row in r.targets])
     backends = [b for b in (generator, judge_backend) if b is not None]
     turns = sum(len(r.construction_ms) + len(r.targets) for r in results)
-    llm_usage = {role: _usage(b, turns, (config.get("eval") or {}).get("prices", {}).get(role))
+    llm_usage = {role: backend_usage(b, turns, (config.get("eval") or {}).get("prices", {}).get(role))
                  for role, b in (("generator", generator), ("judge", judge_backend)) if b is not None}
     judge_block = config.llm.judge.to_dict() if use_judge else None
     setting = {"data": config.data.name, "episode_ids": [e.episode_id for e in episodes],

@@ -404,6 +404,25 @@ def test_llama_cpp_python_honours_json_object_only_with_the_schema(fake_openai, 
         json.loads(raw.choices[0].message.content)
 
 
+def test_the_settled_mode_reaches_the_evaluations_usage_record(fake_openai, openai_env, tmp_path):
+    from types import SimpleNamespace
+
+    from icml_jax.evaluate import backend_usage
+
+    fake_openai.responder = llama_cpp_python
+    block = {"kind": "openai", "model": MODEL, "base_url": fake_openai.base_url}
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    with _backend(fake_openai) as be:
+        cached = CachedBackend(be, cache, answer_namespace(block), per_request=True)
+        assert backend_usage(cached, 2, None)["structured_output"] == "auto"  # nothing asked for JSON yet
+        cached.generate(_json_requests(2))
+        usage = backend_usage(cached, 2, None)
+    cache.close()
+    assert usage["structured_output"] == "json_object" and usage["calls"] == 2  # the mode a run's results name
+    local = SimpleNamespace(answered={"calls": 1, "prompt_tokens": 3, "output_tokens": 2})  # no modes (local)
+    assert "structured_output" not in backend_usage(local, 1, None)
+
+
 @pytest.mark.parametrize("server, rejections", [("llama_cpp_python", 1), ("grammar_only", 2)])
 def test_auto_decides_once_across_concurrent_requests(fake_openai, openai_env, caplog, server, rejections):
     responder = {"llama_cpp_python": llama_cpp_python, "grammar_only": grammar_only}[server]
