@@ -38,10 +38,11 @@ def gemini_backend(model: str = "gemini-2.5-flash") -> ml_collections.ConfigDict
     block = {f.name: getattr(GeminiConfig(model=model), f.name) for f in dataclasses.fields(GeminiConfig)}
     # api_key_env None: each kind's own variables, so --config.llm.<role>.kind=openai never sends a Gemini key;
     # context_tokens None: each kind's own model window (GeminiConfig / OpenAIConfig; long_context's budget);
-    # OPENAI_ONLY_KNOBS (None: OpenAI's defaults) keep every knob of that kind settable on the command line.
-    block.update(api_key_env=None, context_tokens=None, **dict.fromkeys(OPENAI_ONLY_KNOBS))
+    # structured_output None: each kind's own mode (Gemini json_schema, OpenAI-compatible auto, which finds what
+    # the server takes); OPENAI_ONLY_KNOBS (None: OpenAI's defaults) keep every knob of that kind settable.
+    block.update(api_key_env=None, context_tokens=None, structured_output=None, **dict.fromkeys(OPENAI_ONLY_KNOBS))
     typed = {"base_url": str, "api_version": str, "thinking_budget": int, "api_key_env": tuple,
-             "context_tokens": int, **OPENAI_ONLY_KNOBS}  # None by default, settable
+             "context_tokens": int, "structured_output": str, **OPENAI_ONLY_KNOBS}  # None by default, settable
     return ml_collections.ConfigDict(dict(kind="gemini", **{k: placeholder(typed[k]) if v is None and k in typed
                                                             else v for k, v in block.items()}))
 

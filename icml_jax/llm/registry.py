@@ -85,6 +85,13 @@ def remote_context_tokens(cfg: Any, where: str = "back end") -> int | None:
         raise ValueError(f"{where}: {exc}") from None
 
 
+def kind_default(kind: str | None, key: str) -> Any:
+    """The value a block of `kind` takes for `key` when it holds None (a KIND_DEFAULT_IF_NONE key): the kind's
+    config class default; None for a kind without that option (offline, local)."""
+    build = {"gemini": _gemini_config, "openai": _openai_config}.get(kind or "")
+    return getattr(build({}), key) if build is not None and key in _OPTIONS.get(kind or "", ()) else None
+
+
 def api_key_variables(values: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
     """(the kind's display name, the environment variables its API key is read from) of a resolved block
     (`check_backend`'s output); ("", ()) for a kind, or a keyless server, that needs no key."""

@@ -740,8 +740,13 @@ def test_a_gemini_block_switched_to_openai_on_the_command_line(fake_openai, open
     local = _command_line("--config.llm.generator.kind=openai", "--config.llm.generator.api_key_env=()")
     with make_backend(local.llm.generator) as be:  # README's flag for a server without a key
         assert be.config.api_key_env == ()
-        # the shared block carries Gemini's structured_output=json_schema (README: add ...=auto for such servers)
-        assert be.structured_mode == "json_schema"
+        assert be.structured_mode == "auto"  # the shared block leaves structured_output to the kind
+    assert answer_namespace(local.llm.generator.to_dict())["structured_output"] == "auto"
+    # a Gemini block's answers keep their cache keys: None names Gemini's own mode, as the block once spelt out
+    gemini = _command_line().llm.generator.to_dict()
+    assert gemini["structured_output"] is None and answer_namespace(gemini) == answer_namespace(
+        {**gemini, "structured_output": "json_schema"})
+    assert make_backend(gemini).config.structured_output == "json_schema"
     auto = _command_line("--config.llm.generator.kind=openai", "--config.llm.generator.structured_output=auto")
     with make_backend(auto.llm.generator) as be:
         assert be.structured_mode == "auto"
