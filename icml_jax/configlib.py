@@ -13,6 +13,8 @@ from typing import Any
 
 import ml_collections
 
+from icml_jax.llm.registry import kind_default
+
 CHECKOUT = Path(__file__).resolve().parents[1]  # the repository holding this package (configs/ lives there)
 # Keys added to the config after runs were stored, each with the value that reproduces those runs: a stored config
 # (a workdir's config.json, a results.json's setting) that lacks one reads as holding that value, so adding a
@@ -73,11 +75,20 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {k: v for key, sub in tree.items() for k, v in flatten(sub, f"{prefix}.{key}" if prefix else key).items()}
 
 
+def _kind_defaults(flat: dict[str, Any]) -> dict[str, Any]:
+    """`flat` with each back-end block's structured_output left None read as its kind's own mode: configs stored
+    when the shared blocks spelt Gemini's json_schema out equal today's, which leave it to the kind."""
+    for key, value in flat.items():
+        if value is None and key.startswith("llm.") and key.endswith(".structured_output"):
+            flat[key] = kind_default(flat.get(key.rsplit(".", 1)[0] + ".kind"), "structured_output")
+    return flat
+
+
 def config_differences(stored: Mapping[str, Any], current: Mapping[str, Any],
                        ignore: tuple[str, ...] = ()) -> list[str]:
     """The dotted keys at which two configs (nested dicts, compared as JSON: tuples and lists alike) differ, a key
     of ADDED_KEYS that `stored` lacks read as its value; keys starting with an `ignore` prefix are not compared."""
-    old, new = (flatten(json.loads(json.dumps(dict(c), default=str))) for c in (stored, current))
+    old, new = (_kind_defaults(flatten(json.loads(json.dumps(dict(c), default=str)))) for c in (stored, current))
     old = {**ADDED_KEYS, **old}
     return sorted(k for k in old.keys() | new.keys()
                   if old.get(k, "<absent>") != new.get(k, "<absent>") and not k.startswith(ignore))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from icml_jax.configlib import ADDED_KEYS, config_differences, load_config
@@ -43,3 +45,16 @@ def test_config_differences_compare_as_json_and_read_added_keys_as_their_default
     current["policy"]["remat"] = "full"
     current["a"]["d"] = 3
     assert config_differences(stored, current, ignore=("limits.",)) == ["a.d", "policy.remat"]
+
+
+def test_a_back_end_blocks_structured_output_left_to_its_kind_equals_the_kinds_mode_spelt_out():
+    base = load_config("configs/base.py").to_dict()
+    assert base["llm"]["judge"]["structured_output"] is None  # each kind's own mode
+    stored = json.loads(json.dumps(base))
+    stored["llm"]["judge"]["structured_output"] = "json_schema"  # what the block held before: Gemini's mode
+    assert config_differences(stored, base) == []  # a run stored then still resumes
+    for kind, other in (("gemini", "mime_only"), ("openai", "json_schema")):  # anything else is a difference
+        stored["llm"]["judge"].update(kind=kind, structured_output=other)
+        current = json.loads(json.dumps(base))
+        current["llm"]["judge"]["kind"] = kind
+        assert config_differences(stored, current) == ["llm.judge.structured_output"]
