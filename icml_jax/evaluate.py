@@ -26,6 +26,7 @@ from absl import app, flags
 from tqdm.auto import tqdm
 
 from icml_jax.llm.openai_compat import structured_mode_of
+from icml_jax.runspec import RunSpec
 
 EVAL_DIR = "eval"
 CACHE_FILE = "cache.sqlite"
@@ -176,6 +177,7 @@ class EvalContext:
     store: Any  # MemoryStore
     tokenizer: Any
     count_tokens: Callable[[str], int]
+    lockstep: int = 1  # episodes whose history sessions are played together (`learner.users_in_flight`)
 
 
 AgentFactory = Callable[[EvalContext], tuple[Any, dict[str, Any]]]  # -> (EvalAgent, provenance for the setting)
@@ -290,7 +292,7 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     try:
         with MemoryStore() as store:
             agent, provenance = factory(EvalContext(config, workdir, generator, judge_backend, store, tokenizer,
-                                                    count))
+                                                    count, lockstep=RunSpec.from_config(config).learner.users_in_flight))
             agent.name = system
             if "training" in provenance:  # before anything is played: a leaking policy is refused up front
                 check_no_leak(provenance["training"], episodes, str(provenance.get("checkpoint", system)))

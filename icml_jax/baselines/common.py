@@ -21,7 +21,7 @@ from icml_jax.llm.generation import ReplyInput, generate_replies
 from icml_jax.llm.types import LLMBackend
 from icml_jax.memory.fragment import Fragment
 from icml_jax.memory.store import MemoryStore
-from icml_jax.memory.writer import TurnToSave, save_turns
+from icml_jax.memory.writer import TurnToSave, commit_saves, condense, save_turns
 
 logger = logging.getLogger(__name__)
 
@@ -293,13 +293,17 @@ class BaselineAgent:
                         history: Sequence[tuple[str, str]]) -> bool | None:
         """`construct` at an acted turn, then the session's end when no later turn of it is acted on."""
         saved = self.construct(user_id, episode, session, turn, history)
+        self._close_after(user_id, episode, session, turn)
+        return saved
+
+    def _close_after(self, user_id: str, episode: Episode, session: int, turn: int) -> None:
+        """The session's end once `turn` was its last acted turn (and the session is not closed yet)."""
         n = len(episode.sessions[session].turns)
         if not any(self.acts_on(episode, session, t) for t in range(turn + 1, n)):
             closed = self._closed.setdefault(user_id, set())
             if session not in closed:
                 closed.add(session)
                 self.end_session(user_id, episode, session)
-        return saved
 
     def recall_questions(self, user_id: str, episode: Episode, questions: Sequence[str]) -> list[MemoryChoice]:
         """The memory shown for each question asked after the episode's last session (a session of its own, the
@@ -347,23 +351,53 @@ class SavesEveryTurnAgent(BaselineAgent):
     memories differ from ours only in which turns are kept."""
 
     def __init__(self, generator: LLMBackend, store: MemoryStore, *, user_speaker: str | None,
-                 reply: ReplySettings | None = None) -> None:
+                 reply: ReplySettings | None = None, lockstep: int = 1) -> None:
         super().__init__(generator, user_speaker=user_speaker, reply=reply)
         self.store = store
+        self.lockstep = int(lockstep)  # users whose history turns the protocol plays together (`observe_many`)
 
     def forget_all(self) -> None:
         for user in self.store.user_ids():
             self.store.delete_user(user)
 
+    def _to_save(self, user_id: str, episode: Episode, session: int, turn: int,
+                 history: Sequence[tuple[str, str]]) -> TurnToSave:
+        text = episode.sessions[session].turns[turn].text
+        return TurnToSave(episode.episode_id, session, turn, text, tuple(map(tuple, history)),
+                          f"{user_id}/{episode.episode_id}/{session}/{turn}/{self.kind}")
+
     def construct(self, user_id: str, episode: Episode, session: int, turn: int,
                   history: Sequence[tuple[str, str]]) -> bool:
         """Saves the turn (one condense call)."""
-        text = episode.sessions[session].turns[turn].text
-        save_turns(self.store, self.generator, user_id,
-                   [TurnToSave(episode.episode_id, session, turn, text, tuple(map(tuple, history)),
-                               f"{user_id}/{episode.episode_id}/{session}/{turn}/{self.kind}")],
+        save_turns(self.store, self.generator, user_id, [self._to_save(user_id, episode, session, turn, history)],
                    policy_version=self.kind, note_max_tokens=self.reply.note_max_tokens)
         return True
+
+    def observe_many(self, items: Sequence[tuple[str, Episode, int, int, Sequence[tuple[str, str]]]]
+                     ) -> list[tuple[MemoryChoice, bool, float]]:
+        """`observe` for one acted turn of each of several distinct users: each memory chosen first, then every
+        turn's note in one batched condense call (what `observe` does one call at a time; the notes and choices
+        are the same); each turn's construction time is an equal share of the batch's."""
+        users = [item[0] for item in items]
+        if len(set(users)) != len(users):
+            raise ValueError(f"{self.name}.observe_many: the turns of one tick must be distinct users, got {users}")
+        choices, catch_up = [], 0.0
+        for user_id, episode, session, turn, history in items:
+            start = time.perf_counter()
+            self._enter(user_id, episode, session)
+            catch_up += time.perf_counter() - start
+            text = episode.sessions[session].turns[turn].text
+            (choice,) = self.recall(user_id, [Query(text, tuple(map(tuple, history)), episode.episode_id, session,
+                                                    turn)], final=False)
+            choices.append(choice)
+        start = time.perf_counter()
+        saves = [self._to_save(*item) for item in items]
+        notes = condense(self.generator, saves, max_output_tokens=self.reply.note_max_tokens)
+        for (user_id, episode, session, turn, _), save, note in zip(items, saves, notes, strict=True):
+            commit_saves(self.store, user_id, [save], [note], [[]], policy_version=self.kind)
+            self._close_after(user_id, episode, session, turn)
+        ms = 1e3 * (time.perf_counter() - start + catch_up) / len(items)
+        return [(choice, True, ms) for choice in choices]
 
     def fragments(self, user_id: str) -> list[Fragment]:
         """The user's memories, oldest first."""

@@ -40,8 +40,8 @@ class DenseAgent(SavesEveryTurnAgent):
     kind = "dense"
 
     def __init__(self, generator: LLMBackend, store: MemoryStore, encoder: Encoder, *, user_speaker: str | None,
-                 top_k: int = 3, reply: ReplySettings | None = None) -> None:
-        super().__init__(generator, store, user_speaker=user_speaker, reply=reply)
+                 top_k: int = 3, reply: ReplySettings | None = None, lockstep: int = 1) -> None:
+        super().__init__(generator, store, user_speaker=user_speaker, reply=reply, lockstep=lockstep)
         if top_k < 1:
             raise ValueError(f"dense: top_k must be >= 1, got {top_k}")
         self.relevance, self.top_k = DenseRelevance(encoder), top_k
@@ -70,5 +70,6 @@ def build(ctx: Any) -> tuple[DenseAgent, dict[str, Any]]:
     encoder = encoder_from_config(ctx.config, ctx.tokenizer, model_dir=settings.get("encoder_model"),
                                   max_length=int(settings["encoder_max_length"]))
     agent = DenseAgent(ctx.generator, ctx.store, encoder, user_speaker=user_speaker_of(ctx.config),
-                       top_k=int(settings["top_k"]), reply=ReplySettings.from_config(ctx.config))
+                       top_k=int(settings["top_k"]), reply=ReplySettings.from_config(ctx.config),
+                       lockstep=ctx.lockstep)
     return agent, agent.provenance()

@@ -45,5 +45,6 @@ class HeuristicAgent(SavesEveryTurnAgent):
 def build(ctx: Any) -> tuple[HeuristicAgent, dict[str, Any]]:
     """The agent for an `EvalContext`."""
     agent = HeuristicAgent(ctx.generator, ctx.store, user_speaker=user_speaker_of(ctx.config),
-                           reply=ReplySettings.from_config(ctx.config))
+                           reply=ReplySettings.from_config(ctx.config),
+                           lockstep=ctx.lockstep)
     return agent, agent.provenance()

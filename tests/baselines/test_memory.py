@@ -16,6 +16,7 @@ from icml_jax.baselines.heuristic import HeuristicAgent
 from icml_jax.baselines.mem0 import Mem0Agent
 from icml_jax.baselines.memorybank import BankMemory, MemoryBankAgent
 from icml_jax.baselines.no_memory import NoMemoryAgent
+from icml_jax.evaluation.protocol import play as play_all
 from icml_jax.llm import prompts as llm_prompts
 from icml_jax.memory.lexical import bm25_scores
 from icml_jax.memory.store import MemoryStore
@@ -183,6 +184,35 @@ def test_dense_before_any_memory_shows_none(store):
     assert choice.text is None and saved is True and len(store.fragments("u")) == 1
     with pytest.raises(ValueError, match="top_k"):
         DenseAgent(Recording(), store, KeywordEncoder(["dog"]), user_speaker=USER, top_k=0)
+
+
+LOCKSTEP_EPISODES = [
+    DENSE_EPISODE,
+    episode(["I have a cat named Tom.", "I live in Rome."], ["My cat hates Rome."], ["Where does my cat live?"],
+            episode_id="ep-2"),
+    episode(["I am a vegan cook."], ["I cook at home.", "I have a dog."], ["What should I cook?"],
+            episode_id="ep-3"),
+]
+
+
+@pytest.mark.parametrize("kind", ["dense", "heuristic"])
+def test_notes_written_in_lockstep_give_each_episode_its_sequential_result(kind):
+    def run(lockstep: int):
+        gen = Recording()
+        with MemoryStore() as s:
+            agent = (DenseAgent(gen, s, KeywordEncoder(["dog", "paris", "cat", "rome", "cook"]), user_speaker=USER,
+                                top_k=2, lockstep=lockstep) if kind == "dense"
+                     else HeuristicAgent(gen, s, user_speaker=USER, lockstep=lockstep))
+            results = play_all(agent, LOCKSTEP_EPISODES, user_speaker=USER, count_tokens=count_words)
+        drop = ("memory_id", "retrieval_ms", "generation_ms")  # a fresh fragment id per run; wall times
+        rows = [([{k: v for k, v in row.items() if k not in drop} for row in r.targets], r.saved, r.memories,
+                 r.storage_tokens, [vars(c) for c in r.counts]) for r in results]
+        return rows, gen
+
+    (alone, gen1), (together, gen3) = run(1), run(3)
+    assert together == alone  # the same saves, memories shown and target rows
+    assert sorted(r.prompt for r in gen3.tasks("condense")) == sorted(r.prompt for r in gen1.tasks("condense"))
+    assert gen3.calls < gen1.calls  # one condense call per tick instead of one per turn
 
 
 # -- heuristic ----------------------------------------------------------------------------------------------
