@@ -23,7 +23,7 @@ def dataset_config(name: str, tfds_name: str, split: str, train_episodes: int = 
     Set before running:
       --config.model.path   a local Hugging Face checkpoint directory (config.json + *.safetensors)
       --config.data.data_dir  the TFDS data_dir holding the built `tfds_name` (python -m icml_jax.data.build_cli,
-                            README "Data"); checked up front, naming the field, before any stage runs
+                            docs/data.md); checked up front, naming the field, before any stage runs
       GEMINI_API_KEY        (or GOOGLE_API_KEY) in the environment, for the generator and judge back ends
 
     Which episodes: online learning on a benchmark is test-time learning, as the evaluation protocol has it

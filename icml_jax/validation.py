@@ -131,7 +131,7 @@ def check_processes(config: ml_collections.ConfigDict, stages: Sequence[str], co
         raise ConfigError(f"config.mode={tuple(stages)!r} on {count} JAX processes: several processes run the online "
                           "stage only. Run synthesize and warmup in one process first (--config.mode=synthesize,warmup "
                           "--workdir=W0), then every process with --config.mode=online "
-                          "--config.online.init_from=W0/warmup and a new --workdir (README, Scaling out)")
+                          "--config.online.init_from=W0/warmup and a new --workdir (docs/scaling.md)")
     learner = config.learner
     b = int(learner.get("users_in_flight", field_default(LearnerConfig, "users_in_flight")))
     every = int(learner.update_every)

@@ -48,7 +48,7 @@ PERSONA_WORLD = "persona_world"
 REAL_DATASETS = ("msc", "cc", "gapchat", "locomo")
 DATASETS = (PERSONA_WORLD, *REAL_DATASETS)
 BUILD_HINT = ("build it with `python -m icml_jax.data.build_cli --dataset=<tfds_name> --manual_dir=<raw files> "
-              "--data_dir=<data_dir>` (README, Data)")
+              "--data_dir=<data_dir>` (docs/data.md)")
 
 
 def _world(config: ml_collections.ConfigDict) -> PersonaWorldConfig:

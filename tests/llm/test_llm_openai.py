@@ -738,7 +738,7 @@ def test_a_gemini_block_switched_to_openai_on_the_command_line(fake_openai, open
     assert gen["api_key_env"] == ("VLLM_KEY",) and gen["max_tokens_field"] == "max_completion_tokens"
     assert gen["base_url"] == "http://localhost:8000/v1"
     local = _command_line("--config.llm.generator.kind=openai", "--config.llm.generator.api_key_env=()")
-    with make_backend(local.llm.generator) as be:  # README's flag for a server without a key
+    with make_backend(local.llm.generator) as be:  # docs/backends.md's flag for a server without a key
         assert be.config.api_key_env == ()
         assert be.structured_mode == "auto"  # the shared block leaves structured_output to the kind
     assert answer_namespace(local.llm.generator.to_dict())["structured_output"] == "auto"

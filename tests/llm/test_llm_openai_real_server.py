@@ -72,7 +72,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     the module."""
     if importlib.util.find_spec("llama_cpp") is None:
         _missing('llama_cpp is not installed; run `pip install -e ".[test]"` (on an AVX-512/AMX host with the '
-                 "CMAKE_ARGS of .ci/run, README: OpenAI-compatible back ends)")
+                 "CMAKE_ARGS of .ci/run, docs/install.md)")
     gguf = fetch.gguf_path(fetched_dir(NAME), NAME)  # fetched_dir skips / fails the same way
     port = _free_port()
     log_path = tmp_path_factory.mktemp("llama_cpp_server") / "server.log"
