@@ -8,6 +8,8 @@ measured in the same run: prefill as a fraction of the float32 matmul peak XLA r
 to read every weight once. With `--agent-turn`, also times one agent turn (Trigger over 15 candidate memories,
 Planner, a 32-token reply by the same backbone) and counts the programs compiled over a 5-session episode.
 With `--lora`, only the policies' forward with and without LoRA adapters (rank 8, every projection), interleaved.
+Beside each ratio against `transformers` it prints the same run's raw matmul ratio (XLA against torch, the same
+shape and dtype) and the CPU model: on CPU the model ratio mostly follows the host's matrix libraries.
 Compilation is done (and timed) before measuring; every figure is the median of `--repeats` runs.
 
     python scripts/benchmark_backbone.py            # CPU here; uses the GPU when JAX and torch see one
@@ -18,6 +20,7 @@ Compilation is done (and timed) before measuring; every figure is the median of 
 from __future__ import annotations
 
 import argparse
+import platform
 import statistics
 import tempfile
 import time
@@ -72,6 +75,34 @@ def matmul_peak(repeats: int, n: int = 2048) -> float:
     mm = jax.jit(lambda x: x @ x)
     mm(a).block_until_ready()
     return 2 * n**3 / median_time(lambda: mm(a).block_until_ready(), max(repeats, 5))
+
+
+def cpu_model() -> str:
+    """The host CPU's model name (/proc/cpuinfo), else what `platform` knows: a ratio is this host's, not ours."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def matmul_rates(m: int, k: int, n: int, dtype: str, repeats: int, device: str) -> tuple[float, float]:
+    """(XLA, torch) FLOP/s of one (m x k) @ (k x n) matmul in `dtype` on the same host, jitted / no_grad: what the
+    host's matrix libraries give each side before any model code."""
+    a = jax.random.normal(jax.random.key(0), (m, k), jnp.float32).astype(dtype)
+    b = jax.random.normal(jax.random.key(1), (k, n), jnp.float32).astype(dtype)
+    mm = jax.jit(lambda x, y: x @ y)
+    mm(a, b).block_until_ready()
+    t_xla = median_time(lambda: mm(a, b).block_until_ready(), max(repeats, 5))
+    ta = torch.randn(m, k, device=device).to(getattr(torch, dtype))
+    tb = torch.randn(k, n, device=device).to(getattr(torch, dtype))
+    with torch.no_grad():
+        (ta @ tb).cpu()
+        t_torch = median_time(lambda: (ta @ tb).cpu(), max(repeats, 5))
+    return 2 * m * k * n / t_xla, 2 * m * k * n / t_torch
 
 
 def prefill_flops(ours, batch: int, length: int) -> float:
@@ -222,6 +253,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--agent-turn", action="store_true", help="also time one agent turn (needs --model)")
     parser.add_argument("--lora", action="store_true", help="only the LoRA forward overhead (needs --model)")
+    parser.add_argument("--bf16-matmul", action="store_true",
+                        help="also the bfloat16 2048^3 matmul rate of XLA and torch (torch may use AMX units)")
     args = parser.parse_args()
     if args.lora:
         if not args.model:
@@ -235,7 +268,7 @@ def main() -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.devices()[0].device_kind}); "
           f"torch {torch.__version__} on {device} with {torch.get_num_threads()} threads; "
-          f"transformers {transformers.__version__}")
+          f"transformers {transformers.__version__}; CPU {cpu_model()}")
 
     ours, theirs, description = load_pair(args.model, device)
     print(f"model: {description}")
@@ -297,11 +330,26 @@ def main() -> None:
 
     print(f"max |logit diff| ours vs theirs (prefill, float32): {diff:.2e}; greedy tokens agreeing: {agree:.1%}")
     print(f"compile: prefill {compile_prefill:.1f} s, generate (prefill+decode) {compile_decode:.1f} s")
-    print(f"{'':34s}{'ours':>12s}{'transformers':>14s}{'ratio':>8s}")
+    # The host's matrix libraries alone, in the same run: XLA's matmul against torch's at the prefill's MLP shape
+    # and at the decode step's (a batch of rows), so a model ratio can be read against the library ratio.
+    hidden, inter = ours.config.hidden_size, ours.config.intermediate_size
+    mm_prefill = matmul_rates(args.batch * args.prompt, hidden, inter, "float32", args.repeats, device)
+    mm_decode = matmul_rates(args.batch, hidden, inter, "float32", args.repeats, device)
+    mm_square = matmul_rates(2048, 2048, 2048, "float32", args.repeats, device)
+    print(f"{'':34s}{'ours':>12s}{'transformers':>14s}{'ratio':>8s}{'matmul ratio (same shape)':>28s}")
     print(f"{'prefill tokens/s (b=%d, len=%d)' % (args.batch, args.prompt):34s}"
-          f"{p_ours:12.0f}{p_theirs:14.0f}{p_ours / p_theirs:7.2f}x")
+          f"{p_ours:12.0f}{p_theirs:14.0f}{p_ours / p_theirs:7.2f}x"
+          f"{mm_prefill[0] / mm_prefill[1]:14.2f}x ({args.batch * args.prompt}x{hidden} @ {hidden}x{inter})")
     print(f"{'decode tokens/s (b=%d, %d new)' % (args.batch, n):34s}"
-          f"{d_ours:12.1f}{d_theirs:14.1f}{d_ours / d_theirs:7.2f}x")
+          f"{d_ours:12.1f}{d_theirs:14.1f}{d_ours / d_theirs:7.2f}x"
+          f"{mm_decode[0] / mm_decode[1]:14.2f}x ({args.batch}x{hidden} @ {hidden}x{inter})")
+    print(f"float32 matmul GFLOP/s, XLA / torch: 2048^3 {mm_square[0] / 1e9:.0f} / {mm_square[1] / 1e9:.0f} "
+          f"({mm_square[0] / mm_square[1]:.2f}x); prefill shape {mm_prefill[0] / 1e9:.0f} / {mm_prefill[1] / 1e9:.0f}; "
+          f"decode shape {mm_decode[0] / 1e9:.1f} / {mm_decode[1] / 1e9:.1f}")
+    if args.bf16_matmul:
+        bf = matmul_rates(2048, 2048, 2048, "bfloat16", args.repeats, device)
+        print(f"bfloat16 matmul GFLOP/s (2048^3), XLA / torch: {bf[0] / 1e9:.0f} / {bf[1] / 1e9:.0f} "
+              f"({bf[0] / bf[1]:.2f}x)")
     print(f"prefill: {flops / 1e9:.1f} GFLOP per call; float32 matmul peak here {peak / 1e9:.0f} GFLOP/s "
           f"(2048^3, jitted): ours at {flops / t_ours / peak:.0%} of it, transformers at {flops / t_theirs / peak:.0%}")
     print(f"decode step: ours {step_ours * 1e3:.2f} ms, transformers {step_theirs * 1e3:.2f} ms; reading all "

@@ -1,0 +1,41 @@
+"""scripts/benchmark_backbone.py's host readings: the raw matmul rates of XLA and torch it prints beside every
+ratio against transformers, and the CPU model that says whose libraries those rates are."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture(scope="module")
+def script() -> ModuleType:
+    """scripts/benchmark_backbone.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("benchmark_backbone", ROOT / "scripts" / "benchmark_backbone.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_matmul_rates_time_both_libraries_on_the_same_shape(script, monkeypatch):
+    calls = []
+    monkeypatch.setattr(script, "median_time", lambda fn, repeats: (calls.append(fn()), 0.5)[1])
+    xla, torch_rate = script.matmul_rates(8, 16, 32, "float32", 1, "cpu")
+    assert xla == torch_rate == 2 * 8 * 16 * 32 / 0.5  # FLOPs of the shape over the measured time
+    assert [tuple(c.shape) for c in calls] == [(8, 32), (8, 32)]  # each side ran the product, not a stand-in
+    script.matmul_rates(4, 8, 4, "bfloat16", 1, "cpu")
+    assert str(calls[2].dtype) == "bfloat16" and str(calls[3].dtype) == "torch.bfloat16"
+    monkeypatch.undo()  # and with real clocks, two finite rates
+    assert all(math.isfinite(r) and r > 0 for r in script.matmul_rates(64, 64, 64, "float32", 1, "cpu"))
+
+
+def test_cpu_model_names_the_host(script):
+    assert script.cpu_model().strip()
