@@ -103,7 +103,7 @@ class _LikelihoodJudge:
         self._cache.update((k, known[k]) for k in todo)
         return [known[(r.system, r.prompt, gold)] for r, gold in asks]
 
-    def _gains(self, targets: Sequence[GoldTarget], memories: Sequence[str]) -> list[float]:
+    def gains(self, targets: Sequence[GoldTarget], memories: Sequence[str]) -> list[float]:
         """Memory gain of each (target, memory) pair: nll without the memory minus nll with it."""
         asks = [(reply_request(t.history, t.utterance, m), t.gold) for t, m in zip(targets, memories, strict=True)]
         asks += [(reply_request(t.history, t.utterance, None), t.gold) for t in targets]
@@ -126,7 +126,7 @@ class LikelihoodQualityJudge(_LikelihoodJudge):
 
     def judge(self, items: Sequence[QualityInput]) -> list[JudgeResult]:
         scored = [i for i, x in enumerate(items) if x.memory and x.gold_next]
-        gains = self._gains([GoldTarget(tuple(items[i].history), items[i].utterance, items[i].gold_next)
+        gains = self.gains([GoldTarget(tuple(items[i].history), items[i].utterance, items[i].gold_next)
                              for i in scored], [items[i].memory for i in scored])
         gain_of = dict(zip(scored, gains, strict=True))
         out = []
@@ -148,7 +148,7 @@ class LikelihoodProxyJudge(_LikelihoodJudge):
 
     def judge(self, items: Sequence[ProxyInput]) -> list[JudgeResult]:
         pairs = [(i, t) for i, x in enumerate(items) for t in x.later or ()]
-        gains = self._gains([t for _, t in pairs], [items[i].turn_text for i, _ in pairs])
+        gains = self.gains([t for _, t in pairs], [items[i].turn_text for i, _ in pairs])
         best: dict[int, float] = {}
         for (i, _), gain in zip(pairs, gains, strict=True):
             best[i] = max(best.get(i, -math.inf), gain)
