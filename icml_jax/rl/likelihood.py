@@ -49,17 +49,25 @@ def next_gold_turn(episode: Episode, session: int, turn: int) -> str | None:
     return turns[turn + 1].text if turn + 1 < len(turns) else None
 
 
-def later_targets(episode: Episode, session: int, text: str, k: int) -> list[GoldTarget] | None:
-    """The `k` gold turns of sessions after `session` most similar to `text` (BM25 over each turn with the one
-    before it as its utterance, best first; none that share no word), with their session's dialogue before;
-    None when `session` is the episode's last (nothing later to predict)."""
+MATCH_ON = ("pair", "utterance")  # what later_targets compares a turn with (RewardConfig.likelihood_match)
+
+
+def later_targets(episode: Episode, session: int, text: str, k: int, match: str = "pair") -> list[GoldTarget] | None:
+    """The `k` gold turns of sessions after `session` whose context is most similar to `text` (BM25, best first;
+    none that share no word), with their session's dialogue before; None when `session` is the episode's last
+    (nothing later to predict). `match`: "pair" compares with each gold turn and the utterance before it;
+    "utterance" with the utterance alone, as a Trigger sees it, so the gold turn is not chosen for sharing the
+    memory's words."""
+    if match not in MATCH_ON:
+        raise ValueError(f"later_targets: match must be one of {MATCH_ON}, got {match!r}")
     if session + 1 >= len(episode.sessions):
         return None
     pool: list[GoldTarget] = []
     for s in episode.sessions[session + 1:]:
         turns = [(t.speaker, t.text) for t in s.turns]
         pool += [GoldTarget(tuple(turns[:j - 1]), turns[j - 1][1], turns[j][1]) for j in range(1, len(turns))]
-    return [pool[i] for i in most_similar(text, [f"{t.utterance} {t.gold}" for t in pool], k)]
+    keys = [t.utterance if match == "utterance" else f"{t.utterance} {t.gold}" for t in pool]
+    return [pool[i] for i in most_similar(text, keys, k)]
 
 
 class _LikelihoodJudge:
@@ -175,5 +183,5 @@ def reward_judges(source: str, *, judge: Any, generator: Any, scale: float) -> t
     raise ValueError(f"rl.reward.source must be 'judge' or 'likelihood', got {source!r}")
 
 
-__all__ = ["NO_LATER_TURN", "NO_NEXT_TURN", "GoldTarget", "LikelihoodProxyJudge", "LikelihoodQualityJudge",
+__all__ = ["MATCH_ON", "NO_LATER_TURN", "NO_NEXT_TURN", "GoldTarget", "LikelihoodProxyJudge", "LikelihoodQualityJudge",
            "information_value", "later_targets", "likelihood_score", "next_gold_turn", "reward_judges"]

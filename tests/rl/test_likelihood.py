@@ -70,6 +70,11 @@ def test_the_gold_turns_read_are_the_next_one_and_the_most_similar_of_later_sess
     assert len(later_targets(EPISODE, 0, NURSE, 5)) == 1  # turns sharing no word are left out
     assert later_targets(EPISODE, 1, TIRED, 2) == []  # nothing later shares a word
     assert later_targets(EPISODE, 2, HELLO, 2) is None  # no later session
+    # matched by the utterance alone (what a Trigger sees): "nurse" is only in the gold turn, so nothing matches
+    assert later_targets(EPISODE, 0, NURSE, 5, match="utterance") == []
+    assert later_targets(EPISODE, 0, "My week is busy.", 5, match="utterance") == [best]  # "week": WEEK's turn
+    with pytest.raises(ValueError, match="match must be one of"):
+        later_targets(EPISODE, 0, NURSE, 1, match="gold")
 
 
 def test_the_quality_judge_scores_the_recalled_memorys_gain_for_the_gold_next_turn():
