@@ -17,9 +17,11 @@ without its final session: the evaluation's targets never train the policy), rep
 dozen tokens, every LLM request (the baselines' memory writing too) at `MAX_OUTPUT_TOKENS`. The warm-up's expert
 storylines are the offline persona-world ones (SmolLM2 cannot write the synthesis JSON). Timed on 2 cores
 (docs/benchmarks.md) at 4 evaluated episodes: synthesis and warm-up 2 min, the online stage 16 min, the evaluation
-2.5 (no memory) to 29 (long context) minutes per system. At this config's sizes (issue 48) the online stage took
-28.5 min (likelihood rewards, note re-asks) and ours' evaluation of 13 episodes had not finished in 61 min: a seed
-does not fit an hour yet. Rewards are `likelihood` (rl.likelihood: label-free, from
+2.5 (no memory) to 29 (long context) minutes per system. At this config's sizes (issue 48; seed 0, 2026-12-06,
+docs/results.md) the warm-up took 4 min, the online stage 28.5 (alone; likelihood rewards, note re-asks) and ours'
+evaluation of 13 episodes 43 (play in lockstep under 18, memory gain 7.7): about 75 minutes a seed for ours, over
+the hour the issue asks; no_memory took 11 and dense 65 (beside the test suite, one note per request then).
+Rewards are `likelihood` (rl.likelihood: label-free, from
 SmolLM2's likelihood of the episode's own gold turns), the evaluation's replies greedy, and every target's memory
 gain scored (evaluation.memory_gain). `JAX_COMPILATION_CACHE_DIR=<dir>` keeps the programs that took over a second
 to compile for the next seed or system (JAX's persistent cache; it works on CPU).
