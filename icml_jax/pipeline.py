@@ -23,8 +23,8 @@ from icml_jax.stages.run import NoMetrics, Run, is_primary
 from icml_jax.stages.synthesize import stage_synthesize
 from icml_jax.stages.warmup import stage_warmup
 from icml_jax.validation import validate
-from icml_jax.workdir import CHECKPOINT_DIR, CONFIG_FILE, PLOT_FILE, config_text, read_progress, resume_point, \
-    write_text_atomic
+from icml_jax.checkpoint.files import write_text_atomic
+from icml_jax.workdir import CHECKPOINT_DIR, CONFIG_FILE, PLOT_FILE, config_text, read_progress, resume_point
 
 STAGE_FNS: dict[str, Callable[[Run], dict[str, Any]]] = {  # looked up when a stage runs (tests replace stages)
     "synthesize": stage_synthesize,

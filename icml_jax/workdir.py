@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import ml_collections
 
+from icml_jax.checkpoint import RunCheckpointer
+from icml_jax.checkpoint.files import write_text_atomic
 from icml_jax.runlog import json_safe
 
 CONFIG_FILE = "config.json"  # the run's config, as `config_text` writes it
@@ -31,16 +32,6 @@ def config_text(config: ml_collections.ConfigDict) -> str:
 def write_json_atomic(path: Path, data: Any) -> None:
     """Writes `path` so that a kill leaves either the old or the new file, never half of one."""
     write_text_atomic(path, json.dumps(json_safe(data), indent=2, sort_keys=True) + "\n")
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Writes `path` whole or not at all (other processes of the run may be reading it)."""
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_progress(workdir: Path) -> dict[str, Any]:
@@ -68,8 +59,6 @@ def resume_point(root: Path, progress: dict[str, Any], stages: Sequence[str]) ->
     done = progress["done"]
     point = ResumePoint(int(progress["metrics_bytes"]), {s: 0 for s in stages if s not in done})
     if "online" in stages and "online" not in done and (root / CHECKPOINT_DIR).is_dir():
-        from icml_jax.checkpoint import RunCheckpointer
-
         with RunCheckpointer(root / CHECKPOINT_DIR) as ckpt:
             point.checkpoint, point.skipped = ckpt.restore_newest(), ckpt.skipped
         if point.checkpoint is not None:

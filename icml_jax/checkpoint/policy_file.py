@@ -20,7 +20,7 @@ from flax import nnx
 
 from icml_jax import parallel
 from icml_jax.checkpoint.arrays import TRAINABLE, Index, check_compatible, flat_variables, key_of, state_index
-from icml_jax.workdir import write_text_atomic
+from icml_jax.checkpoint.files import write_text_atomic
 
 META_FILE = "warmup.json"
 STATE_DIR = "state"

@@ -47,7 +47,7 @@ from icml_jax.rl.rewards import planner_reward, planner_training_reward, trigger
 from icml_jax.synthesis.dataset import ExpertData, load_expert_data
 from icml_jax.synthesis.examples import PlannerExample, TriggerExample, planner_examples
 from icml_jax.checkpoint import TRAINABLE, save_warmup
-from icml_jax.workdir import write_text_atomic
+from icml_jax.checkpoint.files import write_text_atomic
 
 Batch = dict[str, np.ndarray]
 
