@@ -1,5 +1,5 @@
 """Base config (paper defaults) for `python -m icml_jax.main`: every block is built from the `default_config()`
-or the dataclass of the module that reads it (`icml_jax.runspec.RunSpec` builds the typed configs back), so each
+or the dataclass of the module that reads it (`icml_jax.run.runspec.RunSpec` builds the typed configs back), so each
 default is defined once, next to the code, and tests/test_runspec.py checks that they agree.
 
 Blocks: mode (stages in order), data, model, policy, lora, parallel, llm (generator and judge back ends),
@@ -25,7 +25,7 @@ from icml_jax.llm.openai_compat import OPENAI_ONLY_KNOBS
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig
 from icml_jax.rl.learner import LearnerConfig
-from icml_jax.runspec import LEARNER_LOOP_KEYS, CheckpointConfig, OnlineConfig
+from icml_jax.run.runspec import LEARNER_LOOP_KEYS, CheckpointConfig, OnlineConfig
 from icml_jax.synthesis import default_config as synthesis_config
 from icml_jax.textcheck import TextLimits
 from icml_jax.train import default_config as warmup_config
@@ -224,7 +224,7 @@ def get_config() -> ml_collections.ConfigDict:
         sessions=10,  # Figure 7: sessions per episode
         policy_map_episode=0,  # Figure 5: which held-out episode's turns are plotted
     ))
-    # every_episodes (a multiple of learner.update_every), keep, async_save: icml_jax.runspec.CheckpointConfig
+    # every_episodes (a multiple of learner.update_every), keep, async_save: icml_jax.run.runspec.CheckpointConfig
     config.checkpoint = ml_collections.ConfigDict(dataclasses.asdict(CheckpointConfig()))
     # a chat line / Memory API text, a search result's source excerpt, Memory.add metadata (longer: refused)
     config.limits = ml_collections.ConfigDict(dataclasses.asdict(TextLimits()))

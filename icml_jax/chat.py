@@ -31,9 +31,9 @@ from typing import Any, TextIO
 import ml_collections
 from absl import app, flags
 
-from icml_jax import cli  # the shared --workdir / --debug flags, one-line errors
+from icml_jax.run import cli  # the shared --workdir / --debug flags, one-line errors
 from icml_jax.textcheck import TextError, TextLimits, check_text
-from icml_jax.workdir import CONFIG_FILE, POLICY_DIR, WARMUP_DIR
+from icml_jax.run.workdir import CONFIG_FILE, POLICY_DIR, WARMUP_DIR
 
 EPISODE_ID = "chat"
 MEMORY_DB = Path("chat") / "memory.sqlite"
@@ -129,12 +129,12 @@ class ChatModel:
 
 def load_model(workdir: str | Path) -> ChatModel:
     """Rebuilds the run's policies and tokenizer, restores the trained state and builds the reply back end."""
-    from icml_jax.builders import build_models
+    from icml_jax.run.builders import build_models
     from icml_jax.configlib import field_default
     from icml_jax.data.persona_world import PersonaWorldConfig
     from icml_jax.llm.registry import make_backend
     from icml_jax.llm.types import MissingAPIKeyError
-    from icml_jax.runspec import RunSpec
+    from icml_jax.run.runspec import RunSpec
     from icml_jax.checkpoint import load_warmup
 
     workdir = Path(workdir).expanduser().absolute()
@@ -397,7 +397,7 @@ def repl(session: ChatSession, input_stream: TextIO, output_stream: TextIO) -> i
     return 0
 
 
-flags.declare_key_flag(cli.WORKDIR.name)  # defined by icml_jax.cli; listed by --help
+flags.declare_key_flag(cli.WORKDIR.name)  # defined by icml_jax.run.cli; listed by --help
 _USER = flags.DEFINE_string("user", None, "who is chatting: the chat keeps one memory per user")
 _MEMORY_DB = flags.DEFINE_string("memory_db", None, "SQLite memory store (default <workdir>/chat/memory.sqlite)")
 

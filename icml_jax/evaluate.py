@@ -26,7 +26,7 @@ from absl import app, flags
 from tqdm.auto import tqdm
 
 from icml_jax.llm.openai_compat import structured_mode_of
-from icml_jax.runspec import RunSpec
+from icml_jax.run.runspec import RunSpec
 
 EVAL_DIR = "eval"
 CACHE_FILE = "cache.sqlite"
@@ -186,7 +186,7 @@ AgentFactory = Callable[[EvalContext], tuple[Any, dict[str, Any]]]  # -> (EvalAg
 def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path):
     """The backbone's tokenizer without the policies: tiny (the world's words, as `builders.build_models`) or the
     pretrained checkpoint's; token counts of every system are in this tokenizer."""
-    from icml_jax.builders import build_tiny_tokenizer
+    from icml_jax.run.builders import build_tiny_tokenizer
     from icml_jax.models.tokenizer import load_tokenizer
 
     if config.model.kind == "tiny":
@@ -200,12 +200,12 @@ def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
 
     def build(ctx: EvalContext):
         from icml_jax.agents.agent import MemoryAgent
-        from icml_jax.builders import build_models
+        from icml_jax.run.builders import build_models
         from icml_jax.chat import find_checkpoint
         from icml_jax.evaluation.protocol import LearningAgent, PolicyAgent, reply_temperature
         from icml_jax.rl.learner import OnlineLearner
         from icml_jax.rl.likelihood import reward_judges
-        from icml_jax.runspec import RunSpec
+        from icml_jax.run.runspec import RunSpec
         from icml_jax.checkpoint import load_warmup
         from icml_jax.evaluation.leakage import training_record
 
@@ -368,8 +368,8 @@ def _check_failures(config: ml_collections.ConfigDict, what: str, failed: Sequen
 
 
 def cli() -> None:
-    """Runs with the shared `--config` / `--workdir` flags (`icml_jax.cli`) and `--checkpoint`."""
-    from icml_jax import cli as shared
+    """Runs with the shared `--config` / `--workdir` flags (`icml_jax.run.cli`) and `--checkpoint`."""
+    from icml_jax.run import cli as shared
 
     config_flag, workdir_flag = shared.CONFIG, shared.WORKDIR
     checkpoint_flag = flags.DEFINE_string("checkpoint", None, "a policy checkpoint dir (default: <workdir>/policy)")

@@ -13,9 +13,10 @@ uninterrupted one would.
 """
 
 # An entry point only (this command, notebooks' `from icml_jax.main import run`, scripts): no library module
-# imports it. `run` and the report are `icml_jax.pipeline`'s (the experiments call it in-process); the parts are
-# `cli` (flags, one-line errors), `runspec` (typed configs), `validation`, `workdir` (files, progress, resume
-# points), `builders` (models) and `stages/` (one module per stage). The docstring above is `--help`'s text.
+# imports it. `run` and the report are `icml_jax.run.pipeline`'s (the experiments call it in-process); the other
+# parts are in `icml_jax.run` too: `cli` (flags, one-line errors), `runspec` (typed configs), `validation`,
+# `workdir` (files, progress, resume points), `builders` (models) and `stages/` (one module per stage). The
+# docstring above is `--help`'s text.
 
 from __future__ import annotations
 
@@ -24,15 +25,15 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
-from icml_jax import cli
+from icml_jax.run import cli
 from icml_jax.configlib import ConfigError
-from icml_jax.pipeline import run
-from icml_jax.stages import STAGES
-from icml_jax.validation import validate
+from icml_jax.run.pipeline import run
+from icml_jax.run.stages import STAGES
+from icml_jax.run.validation import validate
 
 __all__ = ["ConfigError", "STAGES", "main", "run", "validate"]
 
-flags.adopt_module_key_flags(cli)  # --help lists --config / --workdir / --debug (defined in icml_jax.cli)
+flags.adopt_module_key_flags(cli)  # --help lists --config / --workdir / --debug (defined in icml_jax.run.cli)
 
 
 def main(argv: Sequence[str]) -> None:

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from icml_jax import chat
 from icml_jax.agents import observation as obs
 from icml_jax.agents.policy import _features
-from icml_jax.builders import build_models
+from icml_jax.run.builders import build_models
 from icml_jax.memory import MemoryStore
 from icml_jax.textcheck import TextError, TextLimits
 from icml_jax.checkpoint import save_warmup

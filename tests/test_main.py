@@ -13,12 +13,12 @@ import jax
 import ml_collections
 import pytest
 
-from icml_jax import cli, pipeline
+from icml_jax.run import cli, pipeline
 from icml_jax import main as job
-from icml_jax import workdir as layout
-from icml_jax.builders import build_models
-from icml_jax.runlog import METRICS_FILE, json_safe
-from icml_jax.runspec import RunSpec
+from icml_jax.run import workdir as layout
+from icml_jax.run.builders import build_models
+from icml_jax.run.runlog import METRICS_FILE, json_safe
+from icml_jax.run.runspec import RunSpec
 from tests.config_files import load_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,14 +22,14 @@ import pytest
 
 from icml_jax import main as job
 from icml_jax import parallel
-from icml_jax import workdir as layout
-from icml_jax.builders import build_models
+from icml_jax.run import workdir as layout
+from icml_jax.run.builders import build_models
 from icml_jax.configlib import load_config
 from icml_jax.checkpoint import CheckpointError, RunCheckpointer
-from icml_jax.runlog import METRICS_FILE
-from icml_jax.stages.online import own_state
+from icml_jax.run.runlog import METRICS_FILE
+from icml_jax.run.stages.online import own_state
 from icml_jax.checkpoint import save_warmup
-from icml_jax.validation import check_processes
+from icml_jax.run.validation import check_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import orbax.checkpoint as ocp
 
-from icml_jax import workdir as layout
-from icml_jax.runlog import METRICS_FILE
+from icml_jax.run import workdir as layout
+from icml_jax.run.runlog import METRICS_FILE
 from icml_jax.checkpoint import RunCheckpointer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
-from icml_jax.runlog import MetricsLog, plot_learning_curves, read_metrics, session_table
+from icml_jax.run.runlog import MetricsLog, plot_learning_curves, read_metrics, session_table
 
 
 def events(directory: Path) -> list[event_pb2.Event]:

@@ -14,7 +14,7 @@ from icml_jax.data.persona_world import PersonaWorldConfig
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig
 from icml_jax.rl.learner import LearnerConfig
-from icml_jax.runspec import LEARNER_LOOP_KEYS, CheckpointConfig, OnlineConfig, RunSpec
+from icml_jax.run.runspec import LEARNER_LOOP_KEYS, CheckpointConfig, OnlineConfig, RunSpec
 from icml_jax.synthesis.config import SynthesisConfig
 from icml_jax.textcheck import TextLimits
 from icml_jax.train.supervised import RUN_FIELDS, WarmupConfig
@@ -70,7 +70,7 @@ def test_a_bad_block_fails_when_read_naming_the_class_and_a_typo_is_an_error():
 
 
 def test_validate_fills_the_spec_the_run_reads(tmp_path):
-    from icml_jax.validation import validate
+    from icml_jax.run.validation import validate
 
     spec = RunSpec.from_config(load_config("demo"))
     assert validate(spec.config, tmp_path, spec) == ("synthesize", "warmup", "online")

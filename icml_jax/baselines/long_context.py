@@ -131,7 +131,7 @@ def backbone_context(config: Any, tokenizer) -> int:
 def generator_context(config: Any, tokenizer) -> tuple[int, str]:
     """(the generator's context in tokens, where it comes from): a remote generator's model window
     (`llm.generator.context_tokens`), else the backbone's `max_position_embeddings`."""
-    from icml_jax.runspec import RunSpec
+    from icml_jax.run.runspec import RunSpec
 
     remote = RunSpec.from_config(config).generator_context_tokens
     if remote is not None:

@@ -52,7 +52,7 @@ BUILD_HINT = ("build it with `python -m icml_jax.data.build_cli --dataset=<tfds_
 
 
 def _world(config: ml_collections.ConfigDict) -> PersonaWorldConfig:
-    """The persona world of ``config.data.world`` (as ``icml_jax.runspec.RunSpec.world`` builds it)."""
+    """The persona world of ``config.data.world`` (as ``icml_jax.run.runspec.RunSpec.world`` builds it)."""
     return PersonaWorldConfig.from_config(config.data.world)
 
 

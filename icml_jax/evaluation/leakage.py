@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from icml_jax.data.schema import Episode
-from icml_jax.runlog import METRICS_FILE
+from icml_jax.run.runlog import METRICS_FILE
 
 
 class TrainTestLeak(ValueError):

@@ -434,7 +434,7 @@ EXPLORATION_KEYS = ("planner_miss_rate", "planner_false_positive_rate", "proxy_t
 def training_session_rows(workdir: Path) -> dict[int, dict[str, Any]]:
     """{session: Table 8's numbers} of the online stage in `workdir`: its per-session rows over the training
     episodes (`stages.online.session_rows`, phase "online") as metrics.jsonl holds them."""
-    from icml_jax.runlog import METRICS_FILE, read_metrics
+    from icml_jax.run.runlog import METRICS_FILE, read_metrics
 
     path = workdir / METRICS_FILE
     rows = [r for r in read_metrics(path) if r.get("stage") == "online" and r.get("table") == "sessions"

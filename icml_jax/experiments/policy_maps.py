@@ -51,12 +51,12 @@ def play_maps(config: ml_collections.ConfigDict, workdir: Path, checkpoint: Path
     """One policy's maps: per user turn (session, turn, y_p, p(save), saved) and per turn that needs a memory the
     Trigger's query / candidate features over the labelled memories, which are needed, and summary distances."""
     from icml_jax.agents.agent import MemoryAgent
-    from icml_jax.builders import build_models
+    from icml_jax.run.builders import build_models
     from icml_jax.data.stream import user_speaker
     from icml_jax.llm.offline import OfflineBackend
     from icml_jax.memory.fragment import NewFragment
     from icml_jax.memory.store import MemoryStore
-    from icml_jax.runspec import RunSpec
+    from icml_jax.run.runspec import RunSpec
     from icml_jax.checkpoint import load_warmup
 
     spec = RunSpec.from_config(config)

@@ -59,10 +59,10 @@ def _seeds_argv(argv: Sequence[str]) -> list[str]:
 
 
 def cli() -> None:
-    """absl entry point with the shared --config / --workdir flags (`icml_jax.cli`), --experiment and --seeds."""
+    """absl entry point with the shared --config / --workdir flags (`icml_jax.run.cli`), --experiment and --seeds."""
     from absl import app, flags
 
-    from icml_jax import cli as shared
+    from icml_jax.run import cli as shared
     from icml_jax.configlib import ConfigError
 
     experiment = flags.DEFINE_enum("experiment", None, sorted(EXPERIMENTS), "the paper result to reproduce")

@@ -55,7 +55,7 @@ def training_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
 def run_job(config: ml_collections.ConfigDict, workdir: Path) -> dict[str, Any]:
     """`python -m icml_jax.main` in-process on `workdir` (resuming it) with `training_config(config)`; its report
     is appended to `<workdir>/run.txt`."""
-    from icml_jax.pipeline import run
+    from icml_jax.run.pipeline import run
 
     workdir.mkdir(parents=True, exist_ok=True)
     report = io.StringIO()
@@ -69,7 +69,7 @@ def run_job(config: ml_collections.ConfigDict, workdir: Path) -> dict[str, Any]:
 def base_run(config: ml_collections.ConfigDict, root: Path, *, name: str = BASE,
              overrides: Mapping[str, Any] | None = None) -> Path:
     """Synthesis and warm-up once, in `<root>/<name>`; returns the warm-up checkpoint dir the variants start from."""
-    from icml_jax.workdir import WARMUP_DIR
+    from icml_jax.run.workdir import WARMUP_DIR
 
     cfg = derive(config, {"mode": ("synthesize", "warmup"), **(overrides or {})})
     workdir = root / name
@@ -90,7 +90,7 @@ def online_run(config: ml_collections.ConfigDict, workdir: Path, *, init_from: P
 def full_run(config: ml_collections.ConfigDict, workdir: Path, *, synthesis_from: Path | None = None,
              overrides: Mapping[str, Any] | None = None) -> Path:
     """Synthesis (or a copy of `synthesis_from`, another run's synthesis dir), warm-up and online in `workdir`."""
-    from icml_jax.workdir import SYNTHESIS_DIR
+    from icml_jax.run.workdir import SYNTHESIS_DIR
 
     mode: tuple[str, ...] = ("synthesize", "warmup", "online")
     if synthesis_from is not None:

@@ -2,7 +2,7 @@
 learning, as per-session label counts.
 
 It sits in `rl/` beside the online play it shares (`rollout`), not in `icml_jax.evaluation`: the online stage
-(`icml_jax.stages.online`, below the evaluation layer) runs it before and after learning.
+(`icml_jax.run.stages.online`, below the evaluation layer) runs it before and after learning.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ class SynthesisConfig:
         final session); "world": constraints drawn from the persona world's vocabulary, the seed session
         written by the back end; "auto" (default): "data" on a real dataset (msc, cc, gapchat, locomo), "world"
         on the persona world. Resolved by the main job, which knows the dataset
-        (`icml_jax.stages.synthesize.synthesis_seeds`).
+        (`icml_jax.run.stages.synthesize.synthesis_seeds`).
       seeds_file: optional JSONL of seeds ({"seed_id", "facts": [...], "session": optional Session dict}) used
         instead of any other source; a given session skips the seed-writing request.
       turns_per_session: how many turns the writers are asked for; max_turns_per_session: longer answers are

@@ -130,7 +130,7 @@ RUN_FIELDS = ("observation", "rewards")  # the run's own blocks (`config.observa
 
 def default_config() -> ml_collections.ConfigDict:
     """The `warmup` config block with the paper's defaults (for configs/*.py), without `RUN_FIELDS`: a run's
-    warm-up sees the run's observation and rewards (`icml_jax.runspec.RunSpec.warmup` passes them)."""
+    warm-up sees the run's observation and rewards (`icml_jax.run.runspec.RunSpec.warmup` passes them)."""
     d = {k: v for k, v in WarmupConfig().to_dict().items() if k not in RUN_FIELDS}
     cfg = ml_collections.ConfigDict(d)
     cfg.max_grad_norm = ml_collections.config_dict.placeholder(float)  # a float that may be set to None

@@ -10,7 +10,7 @@ import pytest
 
 from icml_jax.data.persona_world import PersonaWorldConfig, generate_episodes
 from icml_jax.evaluation.leakage import TrainTestLeak, check_no_leak, leaked_episodes, training_record
-from icml_jax.runlog import METRICS_FILE
+from icml_jax.run.runlog import METRICS_FILE
 
 
 def write_rows(workdir: Path, rows: list[dict]) -> Path:

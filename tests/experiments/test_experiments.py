@@ -14,7 +14,7 @@ import pytest
 from icml_jax.experiments import runs
 from icml_jax.experiments.catalog import ABLATIONS, EXPERIMENTS, Context, ours
 from icml_jax.experiments.runner import _seeds_argv, run_experiment
-from icml_jax.runlog import read_metrics
+from icml_jax.run.runlog import read_metrics
 from tests.config_files import load_config
 
 ROOT = Path(__file__).parents[2]

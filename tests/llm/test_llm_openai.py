@@ -586,7 +586,7 @@ def test_every_request_faulting_ends_in_one_line(fake_openai, openai_env, caplog
 
 
 def test_a_dead_server_ends_the_cli_in_one_line(fake_openai, openai_env, capsys):
-    from icml_jax import cli
+    from icml_jax.run import cli
 
     fake_openai.responder = lambda body: FAULTS["500"]
     with _backend(fake_openai, max_attempts=3) as be:

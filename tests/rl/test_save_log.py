@@ -8,7 +8,7 @@ import pytest
 
 from icml_jax.data.labels import SessionCounts
 from icml_jax.rl.save_log import SaveLogEntry, proxy_truth_per_session
-from icml_jax.stages.online import session_rows
+from icml_jax.run.stages.online import session_rows
 
 USED = [(0.2, 0.3), (0.5, 0.4), (0.9, 0.95), (0.7, 0.6)]  # (r_proxy, r_qual(future)) of session 0's used saves
 

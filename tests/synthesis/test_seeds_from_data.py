@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 from icml_jax import main as job
-from icml_jax import workdir as layout
+from icml_jax.run import workdir as layout
 from icml_jax.data import tfds_builders as tb
 from icml_jax.data.protocol import eval_targets
 from icml_jax.data.schema import Episode, Session, Turn
 from icml_jax.data.stream import _split_names, online_stream
 from icml_jax.llm import OfflineBackend
-from icml_jax.stages.run import Run
-from icml_jax.stages.synthesize import stage_synthesize, synthesis_seeds
+from icml_jax.run.stages.run import Run
+from icml_jax.run.stages.synthesize import stage_synthesize, synthesis_seeds
 from icml_jax.synthesis import prompts, read_manifest, seeds_from_episodes
 from tests.config_files import load_config
 from tests.test_main import ROOT, tiny_demo

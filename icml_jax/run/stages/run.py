@@ -9,9 +9,9 @@ from typing import Any
 
 import ml_collections
 
-from icml_jax.runlog import json_safe
-from icml_jax.runspec import RunSpec
-from icml_jax.workdir import POLICY_DIR, PROGRESS_FILE, write_json_atomic
+from icml_jax.run.runlog import json_safe
+from icml_jax.run.runspec import RunSpec
+from icml_jax.run.workdir import POLICY_DIR, PROGRESS_FILE, write_json_atomic
 
 
 def is_primary() -> bool:
@@ -28,7 +28,7 @@ class Run:
 
     config: ml_collections.ConfigDict
     workdir: Path
-    metrics: Any  # icml_jax.runlog.MetricsLog
+    metrics: Any  # icml_jax.run.runlog.MetricsLog
     progress: dict[str, Any]
     policies: Any = None
     tokenizer: Any = None
@@ -43,7 +43,7 @@ class Run:
 
     def models(self) -> tuple[Any, Any]:
         """The policies and tokenizer, built on first use (tiny random backbone or local HF checkpoint)."""
-        from icml_jax.builders import build_models
+        from icml_jax.run.builders import build_models
 
         if self.policies is None:
             self.policies, self.tokenizer = build_models(self.config, self.workdir, self.spec)

@@ -12,9 +12,9 @@ from typing import Any
 import ml_collections
 
 from icml_jax.configlib import ConfigError, config_differences, field_default
-from icml_jax.runspec import RunSpec
-from icml_jax.stages import STAGES
-from icml_jax.workdir import CONFIG_FILE, SYNTHESIS_DIR, config_text
+from icml_jax.run.runspec import RunSpec
+from icml_jax.run.stages import STAGES
+from icml_jax.run.workdir import CONFIG_FILE, SYNTHESIS_DIR, config_text
 
 # where this process joins its run (coordinator, process id): not part of which run a workdir holds
 PER_START_KEYS = ("parallel.distributed.", "limits.")  # limits: the chat's and the API's, not the run's

@@ -8,7 +8,7 @@ from typing import Any
 
 import ml_collections
 
-from icml_jax.runspec import RunSpec
+from icml_jax.run.runspec import RunSpec
 
 
 def build_tiny_tokenizer(config: ml_collections.ConfigDict, workdir: Path, spec: RunSpec | None = None):

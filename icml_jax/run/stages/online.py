@@ -10,8 +10,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from icml_jax.stages.run import Run, is_primary
-from icml_jax.workdir import CHECKPOINT_DIR
+from icml_jax.run.stages.run import Run, is_primary
+from icml_jax.run.workdir import CHECKPOINT_DIR
 
 
 def session_rows(phase: str, sessions: Sequence[Any], saves: Sequence[Any] | None = None) -> list[dict[str, Any]]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from icml_jax.stages.run import Run
-from icml_jax.workdir import SYNTHESIS_DIR
+from icml_jax.run.stages.run import Run
+from icml_jax.run.workdir import SYNTHESIS_DIR
 
 
 def stage_warmup(run: Run) -> dict[str, Any]:

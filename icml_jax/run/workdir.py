@@ -13,7 +13,7 @@ import ml_collections
 
 from icml_jax.checkpoint import RunCheckpointer
 from icml_jax.checkpoint.files import write_text_atomic
-from icml_jax.runlog import json_safe
+from icml_jax.run.runlog import json_safe
 
 CONFIG_FILE = "config.json"  # the run's config, as `config_text` writes it
 SYNTHESIS_DIR = "synthesis"

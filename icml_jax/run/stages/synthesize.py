@@ -7,9 +7,9 @@ from typing import Any
 
 import ml_collections
 
-from icml_jax.runspec import RunSpec
-from icml_jax.stages.run import Run
-from icml_jax.workdir import SYNTHESIS_DIR
+from icml_jax.run.runspec import RunSpec
+from icml_jax.run.stages.run import Run
+from icml_jax.run.workdir import SYNTHESIS_DIR
 
 
 def synthesis_seeds(config: ml_collections.ConfigDict, spec: RunSpec | None = None):
