@@ -201,7 +201,7 @@ def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
     def build(ctx: EvalContext):
         from icml_jax.agents.agent import MemoryAgent
         from icml_jax.run.builders import build_models
-        from icml_jax.chat import find_checkpoint
+        from icml_jax.run.agent_loading import find_checkpoint
         from icml_jax.evaluation.protocol import LearningAgent, PolicyAgent, reply_temperature
         from icml_jax.rl.learner import OnlineLearner
         from icml_jax.rl.likelihood import reward_judges
@@ -381,7 +381,7 @@ def cli() -> None:
             raise app.UsageError(f"unexpected arguments {argv[1:]}")
         if config_flag.value is None or not workdir_flag.value:
             raise app.UsageError("--config and --workdir are required")
-        from icml_jax.chat import ChatError
+        from icml_jax.run.agent_loading import ChatError
 
         shared.quiet_info_logs()
         try:

@@ -1,6 +1,7 @@
 """`Memory`: a Mem0-shaped API (add / search / get_all / get / update / delete / delete_all / history) over the
 SQLite MemoryStore, optionally with an LLM that condenses saved turns and a trained policy that decides them.
-A user-facing tool on top of the memory package, the chat and the agents (`from icml_jax.memory_api import Memory`).
+A user-facing tool (`from icml_jax.memory_api import Memory`) on top of the memory package and a trained agent
+(`icml_jax.run.agent_loading`, as the chat loads it).
 
 Every call names its user, and every store call it makes is scoped to that user: another user's memory id behaves
 exactly like a missing one (None, False, [] or {"results": []}), so no call returns or changes another user's
@@ -145,10 +146,10 @@ class Memory:
         self.limits = limits
 
     def _load_policy(self, workdir: str | os.PathLike[str]) -> None:
-        """Loads the trained run (the chat imported here: a Memory without a run loads neither JAX nor the flags)."""
-        from icml_jax import chat
+        """Loads the trained run (as the chat loads it)."""
+        from icml_jax.run import agent_loading  # local: flax, Orbax, transformers only for a Memory with a run
 
-        self._model = chat.load_model(workdir)
+        self._model = agent_loading.load_model(workdir)
         self._agent = self._model.agent(self.store)
         if self.generator is not None:
             self._agent.condenser = self.generator

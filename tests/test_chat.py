@@ -27,6 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from icml_jax import chat
+from icml_jax.run import agent_loading as loading
+from icml_jax.run import workdir as layout
 from icml_jax.agents import observation as obs
 from icml_jax.agents.policy import _features
 from icml_jax.run.builders import build_models
@@ -74,13 +76,13 @@ def workdir(tmp_path_factory) -> Path:
     h = _features(policies.trigger_backbone, jnp.asarray(tokens[0, :2]), jnp.asarray(mask[0, :2]), policies.pooling)
     direction = h[1] - h[0]  # memory option minus "none": FACT outscores "none" by 10 logits for QUERY
     policies.trigger_actor.kernel[...] = (10.0 * direction / jnp.sum(direction**2))[:, None]
-    save_warmup(root / chat.POLICY_DIR, policies)
+    save_warmup(root / layout.POLICY_DIR, policies)
     return root
 
 
 @pytest.fixture(scope="module")
-def model(workdir) -> chat.ChatModel:
-    loaded = chat.load_model(workdir)
+def model(workdir) -> loading.ChatModel:
+    loaded = loading.load_model(workdir)
     yield loaded
     loaded.close()
 
@@ -182,30 +184,30 @@ def test_repl_commands_and_eof(workdir, model, tmp_path):
 
 
 def test_clear_errors_without_a_trained_policy(workdir, tmp_path, monkeypatch):
-    with pytest.raises(chat.ChatError, match=r"config.json does not exist.*python -m icml_jax.main --config="):
-        chat.load_model(tmp_path / "never_ran")
+    with pytest.raises(loading.ChatError, match=r"config.json does not exist.*python -m icml_jax.main --config="):
+        loading.load_model(tmp_path / "never_ran")
     empty = tmp_path / "no_policy"
     shutil.copy(workdir / "config.json", empty.mkdir() or empty / "config.json")
-    with pytest.raises(chat.ChatError) as err:
-        chat.load_model(empty)
+    with pytest.raises(loading.ChatError) as err:
+        loading.load_model(empty)
     assert f"no trained policy in {empty}" in str(err.value) and f"--workdir={empty}" in str(err.value)
 
     gemini = tmp_path / "gemini"  # a Gemini generator without a key: the clear error, the key never shown
     config = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
     config.llm.generator = ml_collections.ConfigDict(dict(kind="gemini", model="gemini-2.5-flash"))
     write_config(gemini, config)
-    shutil.copytree(workdir / chat.POLICY_DIR, gemini / chat.POLICY_DIR)
+    shutil.copytree(workdir / layout.POLICY_DIR, gemini / layout.POLICY_DIR)
     monkeypatch.delenv("GEMINI_API_KEY", raising=False)
     monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
-    with pytest.raises(chat.ChatError, match="Gemini back end: gemini back end: no API key found; set one of"):
-        chat.load_model(gemini)
+    with pytest.raises(loading.ChatError, match="Gemini back end: gemini back end: no API key found; set one of"):
+        loading.load_model(gemini)
 
 
 def test_falls_back_to_the_warmup_checkpoint(workdir, tmp_path):
     warm = tmp_path / "warm"
     write_config(warm, tiny_config())
-    shutil.copytree(workdir / chat.POLICY_DIR, warm / chat.WARMUP_DIR)
-    loaded = chat.load_model(warm)
+    shutil.copytree(workdir / layout.POLICY_DIR, warm / layout.WARMUP_DIR)
+    loaded = loading.load_model(warm)
     assert loaded.checkpoint == warm / "warmup" and "using the warm-up checkpoint" in loaded.note
     with chat.ChatSession.open(warm, "lee", model=loaded) as s:
         assert s.banner().startswith(f"note: {warm / 'policy'} does not exist")
@@ -255,22 +257,22 @@ def test_a_damaged_checkpoint_is_one_clear_error(workdir, tmp_path, monkeypatch,
     the chat's unraisable hook drops the "Event loop is closed" reports the failed restore leaves behind."""
     broken = tmp_path / "broken"
     shutil.copy(workdir / "config.json", broken.mkdir() or broken / "config.json")
-    shutil.copytree(workdir / chat.POLICY_DIR, broken / chat.POLICY_DIR)
-    shutil.copytree(workdir / chat.POLICY_DIR, broken / chat.WARMUP_DIR)
-    DAMAGES[damage](broken / chat.POLICY_DIR)
+    shutil.copytree(workdir / layout.POLICY_DIR, broken / layout.POLICY_DIR)
+    shutil.copytree(workdir / layout.POLICY_DIR, broken / layout.WARMUP_DIR)
+    DAMAGES[damage](broken / layout.POLICY_DIR)
     shown: list[object] = []  # what the chat's hook lets through to the default one
     monkeypatch.setattr(sys, "unraisablehook", chat.ignoring_closed_event_loops(shown.append))
-    with pytest.raises(chat.ChatError) as err:
-        chat.load_model(broken)
+    with pytest.raises(loading.ChatError) as err:
+        loading.load_model(broken)
     if damage == "array files overwritten":
         time.sleep(1.0)  # the stray reports arrive from TensorStore's threads after the restore has failed
     assert shown == []
-    message, policy = str(err.value), broken / chat.POLICY_DIR
+    message, policy = str(err.value), broken / layout.POLICY_DIR
     assert "\n" not in message and message.startswith(f"cannot restore the policy checkpoint {policy} (")
     assert "damaged or incomplete" in message and f"--workdir={broken}" in message
     assert f"or move {policy} away to chat with the warm-up checkpoint {broken / 'warmup'}" in message
     policy.rename(broken / "policy.damaged")  # the advice works
-    chat.load_model(broken).close()
+    loading.load_model(broken).close()
 
 
 def test_the_unraisable_filter_passes_every_other_report():
@@ -449,17 +451,17 @@ def test_the_run_config_sets_the_chat_limits(workdir, tmp_path):
     assert config["limits"] == dataclasses.asdict(TextLimits())  # the main job writes the block
     del config["limits"]
     (run / "config.json").write_text(json.dumps(config))
-    assert chat.load_model(run).limits == TextLimits()
+    assert loading.load_model(run).limits == TextLimits()
     config["limits"] = {"max_text_chars": 20}
     (run / "config.json").write_text(json.dumps(config))
-    loaded = chat.load_model(run)
+    loaded = loading.load_model(run)
     with chat.ChatSession.open(run, "una", model=loaded) as s:
         assert s.limits.max_text_chars == 20
     loaded.close()
     config["limits"] = {"max_text_chars": 0}
     (run / "config.json").write_text(json.dumps(config))
-    with pytest.raises(chat.ChatError, match=r"config.limits of .*: TextLimits.max_text_chars must be a positive"):
-        chat.load_model(run)
+    with pytest.raises(loading.ChatError, match=r"config.limits of .*: TextLimits.max_text_chars must be a positive"):
+        loading.load_model(run)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -658,7 +658,7 @@ def policy_maps(ctx: Context) -> Report:
 def locomo(ctx: Context) -> Report:
     """LoCoMo question answering (not in the paper): ours (trained as `main` trains it) against the baselines,
     dense top-k and the evidence oracle on LoCoMo's conversations (`experiments.locomo`)."""
-    from icml_jax.chat import find_checkpoint
+    from icml_jax.run.agent_loading import find_checkpoint
 
     return locomo_report(ctx, lambda seed: find_checkpoint(trained(ctx, seed, "ours"))[0])
 

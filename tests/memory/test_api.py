@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import icml_jax
+import icml_jax.run
 from icml_jax.llm import LLMResponse, OfflineBackend, TokenUsage
 from icml_jax.memory import MemoryStore
 from icml_jax.memory_api import API_EPISODE, Memory, default_path, parse_messages
@@ -280,12 +280,12 @@ class _Model:
 
 @pytest.fixture
 def fake_chat(monkeypatch):
-    """`icml_jax.chat` replaced by a module whose load_model returns a stand-in for a trained run."""
-    module = types.ModuleType("icml_jax.chat")
+    """`icml_jax.run.agent_loading` replaced by a module whose load_model returns a stand-in for a trained run."""
+    module = types.ModuleType("icml_jax.run.agent_loading")
     module.loaded = []
     module.load_model = lambda workdir: module.loaded.append(_Model(workdir)) or module.loaded[-1]
-    monkeypatch.setitem(sys.modules, "icml_jax.chat", module)
-    monkeypatch.setattr(icml_jax, "chat", module, raising=False)
+    monkeypatch.setitem(sys.modules, "icml_jax.run.agent_loading", module)
+    monkeypatch.setattr(icml_jax.run, "agent_loading", module, raising=False)
     return module
 
 
@@ -313,14 +313,14 @@ def test_with_a_policy_the_planner_decides_and_the_trigger_leads_search(fake_cha
 
 
 def test_a_missing_run_is_an_error_and_closes_the_store(monkeypatch, tmp_path):
-    module = types.ModuleType("icml_jax.chat")
+    module = types.ModuleType("icml_jax.run.agent_loading")
 
     def load_model(workdir):
         raise RuntimeError(f"no trained policy in {workdir}")
 
     module.load_model = load_model
-    monkeypatch.setitem(sys.modules, "icml_jax.chat", module)
-    monkeypatch.setattr(icml_jax, "chat", module, raising=False)
+    monkeypatch.setitem(sys.modules, "icml_jax.run.agent_loading", module)
+    monkeypatch.setattr(icml_jax.run, "agent_loading", module, raising=False)
     closed, close = [], MemoryStore.close
     monkeypatch.setattr(MemoryStore, "close", lambda self: (closed.append(self.path), close(self)))
     with pytest.raises(RuntimeError, match="no trained policy in"):
