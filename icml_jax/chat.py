@@ -29,6 +29,8 @@ from typing import Any, TextIO
 
 from absl import app, flags
 
+from icml_jax.llm.types import BackendError
+from icml_jax.memory.store import MemoryStore, MemoryStoreError
 from icml_jax.run import cli  # the shared --workdir / --debug flags, one-line errors
 from icml_jax.run.agent_loading import ChatError, ChatModel, load_model
 from icml_jax.textcheck import TextError, TextLimits, check_text
@@ -68,8 +70,6 @@ class ChatSession:
     def open(cls, workdir: str | Path, user_id: str, memory_db: str | Path | None = None,
              model: ChatModel | None = None) -> ChatSession:
         """A session on `<workdir>/chat/memory.sqlite` (or `memory_db`); loads the model unless given."""
-        from icml_jax.memory.store import MemoryStore
-
         model = model or load_model(workdir)
         db = Path(memory_db).expanduser() if memory_db else model.workdir / MEMORY_DB
         return cls(model, MemoryStore(db), user_id, owns_store=True)
@@ -223,9 +223,6 @@ def repl(session: ChatSession, input_stream: TextIO, output_stream: TextIO) -> i
     `limits.max_text_chars`, is answered with one error line and skipped (a strict `io.TextIOWrapper` input is
     switched to errors="surrogateescape" for this).
     """
-    from icml_jax.llm.types import BackendError
-    from icml_jax.memory.store import MemoryStoreError
-
     def say(text: str) -> None:
         output_stream.write(text + "\n")
         output_stream.flush()
@@ -286,7 +283,6 @@ def main(argv: Sequence[str]) -> None:
     workdir = cli.WORKDIR.value
     if not workdir or not _USER.value:
         raise app.UsageError("--workdir and --user are required, e.g. --workdir=/tmp/icml_demo --user=alice")
-    from icml_jax.memory.store import MemoryStoreError
 
     cli.quiet_info_logs()  # keep Orbax's INFO lines out of the conversation
     sys.unraisablehook = ignoring_closed_event_loops(sys.unraisablehook)  # a damaged checkpoint: one line, no tail

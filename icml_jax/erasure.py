@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from icml_jax.memory.store import MemoryStore
 from icml_jax.textcheck import check_text
 
 CACHE_FILES = ("cache.sqlite", "eval_cache.sqlite", "requests.sqlite")  # answer caches: dropped
@@ -102,8 +103,6 @@ def forget(workdir: str | os.PathLike[str], user_id: str, fragment_id: str, *,
 
 def _erase(root: Path, user_id: str, fragment_id: str | None,
            memory_dbs: Sequence[str | os.PathLike[str]]) -> ErasureReport:
-    from icml_jax.memory.store import MemoryStore
-
     if not isinstance(user_id, str) or not user_id:
         raise ValueError(f"erasure: user_id must be a non-empty string, got {user_id!r}")
     check_text(user_id, "erasure", "user_id")
@@ -163,8 +162,6 @@ def _erase(root: Path, user_id: str, fragment_id: str | None,
 def _scrub_checkpoint(path: Path, user_id: str, fragment_id: str | None, report: ErasureReport) -> bool:
     """Cuts the user's memories (or one) and pending-reward entries out of one checkpoint's JSON state, counting
     them in `report`."""
-    from icml_jax.memory.store import MemoryStore
-
     state = json.loads(path.read_text(encoding="utf-8"))
     changed = False
     memory = state.get("memory") or {}

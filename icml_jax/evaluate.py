@@ -25,7 +25,35 @@ import ml_collections
 from absl import app, flags
 from tqdm.auto import tqdm
 
+from icml_jax.agents.agent import AgentConfig, MemoryAgent
+from icml_jax.checkpoint import load_warmup
+from icml_jax.configlib import field_default
+from icml_jax.data.protocol import load_eval_episodes, shared_data_dir
+from icml_jax.data.stream import PERSONA_WORLD, clip_sessions, held_out_episodes, max_session_turns, user_speaker
+from icml_jax.evaluation.judging import judge_targets, proxy_truth_correlation
+from icml_jax.evaluation.leakage import check_no_leak, training_record
+from icml_jax.evaluation.memory_gain import can_score, score_rows
+from icml_jax.evaluation.model_metrics import (
+    bertscore_f1,
+    check_bertscore_model,
+    check_mauve_model,
+    last_token_features,
+    load_mauve_featurizer,
+    mauve_score,
+)
+from icml_jax.evaluation.pairwise import compare, write_pairwise
+from icml_jax.evaluation.protocol import LearningAgent, PolicyAgent, play, reply_temperature
+from icml_jax.evaluation.report import TARGETS_JSONL, read_targets, write_outputs
+from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
+from icml_jax.llm.judges import PairwiseJudge, ProxyJudge, QualityJudge
 from icml_jax.llm.openai_compat import structured_mode_of
+from icml_jax.llm.registry import make_backend
+from icml_jax.memory.store import MemoryStore
+from icml_jax.models.tokenizer import load_tokenizer
+from icml_jax.rl.learner import OnlineLearner
+from icml_jax.rl.likelihood import reward_judges
+from icml_jax.run.agent_loading import ChatError, find_checkpoint
+from icml_jax.run.builders import build_models, build_tiny_tokenizer
 from icml_jax.run.runspec import RunSpec
 
 EVAL_DIR = "eval"
@@ -35,8 +63,6 @@ CACHE_FILE = "cache.sqlite"
 def eval_selection(config: ml_collections.ConfigDict) -> str:
     """`eval.selection`, with "auto" resolved: THEANINE's own episode ids for MSC / CC when their ids file is
     there (`shared/data/<dataset>/theanine_eval_ids.json`), else the seeded draw."""
-    from icml_jax.data.protocol import shared_data_dir
-
     selection = (config.get("eval") or {}).get("selection", "auto")
     if selection != "auto":
         return selection
@@ -47,9 +73,6 @@ def eval_selection(config: ml_collections.ConfigDict) -> str:
 
 def eval_episodes(config: ml_collections.ConfigDict) -> list:
     """The protocol's episodes for `config.data`: persona world held-out episodes, or a real dataset's 50."""
-    from icml_jax.data.protocol import load_eval_episodes
-    from icml_jax.data.stream import PERSONA_WORLD, clip_sessions, held_out_episodes, max_session_turns
-
     if config.data.name == PERSONA_WORLD:
         return held_out_episodes(config)
     ev = config.get("eval") or ml_collections.ConfigDict()
@@ -76,8 +99,6 @@ def _model_metric_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """{"BERTScore" / "MAUVE": what it will run with} for the model paths `config.eval` names, checked before the
     evaluation plays (a missing directory, a layer the encoder lacks or a decoder family we cannot load fails
     here, not after every reply is generated)."""
-    from icml_jax.evaluation.model_metrics import check_bertscore_model, check_mauve_model
-
     ev = config.get("eval") or ml_collections.ConfigDict()
     out: dict[str, Any] = {}
     if ev.get("bertscore_model"):
@@ -94,8 +115,6 @@ def _model_metric_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 def _model_scores(config: ml_collections.ConfigDict, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """BERTScore and MAUVE of the replies against the references, for the model paths `config.eval` names."""
-    from icml_jax.evaluation.model_metrics import bertscore_f1, last_token_features, load_mauve_featurizer, mauve_score
-
     ev = config.get("eval") or ml_collections.ConfigDict()
     settings = _model_metric_settings(config)
     replies, refs = [r["reply"] for r in rows], [r["reference"] for r in rows]
@@ -117,10 +136,6 @@ def _model_scores(config: ml_collections.ConfigDict, rows: list[dict[str, Any]])
 
 def _reply_temperature(config: ml_collections.ConfigDict) -> float:
     """The temperature the target replies were written at (eval.reply_temperature, else learner's)."""
-    from icml_jax.agents.agent import AgentConfig
-    from icml_jax.configlib import field_default
-    from icml_jax.evaluation.protocol import reply_temperature
-
     own = reply_temperature(config)
     learner = config.get("learner") or {}
     return own if own is not None else float(learner.get("reply_temperature",
@@ -130,8 +145,6 @@ def _reply_temperature(config: ml_collections.ConfigDict) -> float:
 def _memory_gain(config: ml_collections.ConfigDict, generator, results, episodes) -> dict[str, Any]:
     """Scores every target row's memory gain and NLL with the generator (`evaluation.memory_gain`) when
     `eval.memory_gain` is on and the generator can score a continuation; returns what the setting records."""
-    from icml_jax.evaluation.memory_gain import can_score, score_rows
-
     if not bool((config.get("eval") or {}).get("memory_gain", True)):
         return {"computed": False, "reason": "eval.memory_gain is off"}
     if not can_score(generator):
@@ -186,9 +199,6 @@ AgentFactory = Callable[[EvalContext], tuple[Any, dict[str, Any]]]  # -> (EvalAg
 def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path):
     """The backbone's tokenizer without the policies: tiny (the world's words, as `builders.build_models`) or the
     pretrained checkpoint's; token counts of every system are in this tokenizer."""
-    from icml_jax.run.builders import build_tiny_tokenizer
-    from icml_jax.models.tokenizer import load_tokenizer
-
     if config.model.kind == "tiny":
         return build_tiny_tokenizer(config, workdir)
     return load_tokenizer(config.model.path)
@@ -199,16 +209,6 @@ def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
     with `eval.learn`, learning online on each episode's history sessions (`LearningAgent`)."""
 
     def build(ctx: EvalContext):
-        from icml_jax.agents.agent import MemoryAgent
-        from icml_jax.run.builders import build_models
-        from icml_jax.run.agent_loading import find_checkpoint
-        from icml_jax.evaluation.protocol import LearningAgent, PolicyAgent, reply_temperature
-        from icml_jax.rl.learner import OnlineLearner
-        from icml_jax.rl.likelihood import reward_judges
-        from icml_jax.run.runspec import RunSpec
-        from icml_jax.checkpoint import load_warmup
-        from icml_jax.evaluation.leakage import training_record
-
         config = ctx.config
         spec = RunSpec.from_config(config)
         ckpt = Path(checkpoint) if checkpoint else find_checkpoint(ctx.workdir)[0]
@@ -253,17 +253,6 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     """Plays the protocol with the agent `factory` builds (ours or a baseline), judges and scores it, and writes
     `<workdir>/eval/`; returns results.json's content. `cache_path`: the back-end answer cache (default
     `<workdir>/eval/cache.sqlite`; experiments share one across their variants)."""
-    from icml_jax.data.stream import user_speaker
-    from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
-    from icml_jax.evaluation.judging import judge_targets, proxy_truth_correlation
-    from icml_jax.evaluation.leakage import check_no_leak
-    from icml_jax.evaluation.pairwise import compare, write_pairwise
-    from icml_jax.evaluation.protocol import play
-    from icml_jax.evaluation.report import TARGETS_JSONL, read_targets, write_outputs
-    from icml_jax.llm.judges import PairwiseJudge, ProxyJudge, QualityJudge
-    from icml_jax.llm.registry import make_backend
-    from icml_jax.memory.store import MemoryStore
-
     workdir = Path(workdir).expanduser().absolute()
     out_dir = workdir / EVAL_DIR
     other_rows = None
@@ -369,7 +358,7 @@ def _check_failures(config: ml_collections.ConfigDict, what: str, failed: Sequen
 
 def cli() -> None:
     """Runs with the shared `--config` / `--workdir` flags (`icml_jax.run.cli`) and `--checkpoint`."""
-    from icml_jax.run import cli as shared
+    from icml_jax.run import cli as shared  # local: it defines the absl flags; importing this module defines none
 
     config_flag, workdir_flag = shared.CONFIG, shared.WORKDIR
     checkpoint_flag = flags.DEFINE_string("checkpoint", None, "a policy checkpoint dir (default: <workdir>/policy)")
@@ -381,7 +370,6 @@ def cli() -> None:
             raise app.UsageError(f"unexpected arguments {argv[1:]}")
         if config_flag.value is None or not workdir_flag.value:
             raise app.UsageError("--config and --workdir are required")
-        from icml_jax.run.agent_loading import ChatError
 
         shared.quiet_info_logs()
         try:

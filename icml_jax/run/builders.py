@@ -8,6 +8,13 @@ from typing import Any
 
 import ml_collections
 
+from icml_jax import parallel
+from icml_jax.agents import tiny
+from icml_jax.agents.build import build_policies
+from icml_jax.agents.policy import MemoryPolicies
+from icml_jax.models.decoder import Decoder
+from icml_jax.models.lora import LoraConfig, apply_lora
+from icml_jax.models.tokenizer import load_tokenizer
 from icml_jax.run.runspec import RunSpec
 
 
@@ -17,9 +24,6 @@ def build_tiny_tokenizer(config: ml_collections.ConfigDict, workdir: Path, spec:
     warm-up (`online.init_from`) has the same vocabulary and the same random backbone. `spec`: the run's typed
     configs when the caller holds them (else built from `config`)."""
     import tempfile
-
-    from icml_jax import parallel
-    from icml_jax.agents import tiny
 
     spec = spec if spec is not None else RunSpec.from_config(config)
     words = set(tiny.world_vocabulary(spec.world, spec.observation))
@@ -33,12 +37,6 @@ def build_models(config: ml_collections.ConfigDict, workdir: Path, spec: RunSpec
     """Policies and tokenizer: `tiny` as in the persona-world experiment (tokenizer from the world's words,
     saved under `<workdir>/tokenizer`), `pretrained` from config.model.path with LoRA on the configured mesh."""
     from flax import nnx
-
-    from icml_jax import parallel
-    from icml_jax.agents.policy import MemoryPolicies
-    from icml_jax.models.decoder import Decoder
-    from icml_jax.models.lora import LoraConfig, apply_lora
-    from icml_jax.agents import tiny
 
     _, local_mesh = parallel.process_meshes(dict(config.parallel.mesh))
     if config.model.kind == "tiny":
@@ -65,8 +63,6 @@ def build_models(config: ml_collections.ConfigDict, workdir: Path, spec: RunSpec
         if local_mesh.size > 1:  # several devices: the policies live on them (replicated), as a real model does
             parallel.shard_model(policies, local_mesh, parallel.rules_from(config.parallel.rules))
         return policies, tokenizer
-    from icml_jax.agents.build import build_policies
-    from icml_jax.models.tokenizer import load_tokenizer
 
     # each process holds its own copy on its devices (with one process: the whole mesh)
     policies = build_policies(config.policy, config.lora, mesh=local_mesh,

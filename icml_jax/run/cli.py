@@ -11,7 +11,14 @@ from typing import Any, NoReturn
 from absl import flags, logging
 from ml_collections import config_flags
 
+from icml_jax.checkpoint import CheckpointError
 from icml_jax.configlib import ConfigError
+from icml_jax.data.report import DataError
+from icml_jax.llm.types import BackendError, MissingAPIKeyError
+from icml_jax.memory.store import MemoryStoreError
+from icml_jax.models.config import ModelConfigError
+from icml_jax.models.safetensors_io import CheckpointError as WeightsError
+from icml_jax.rl.divergence import DivergenceError
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file, e.g. configs/demo.py",
                                          lock_config=True)
@@ -46,21 +53,12 @@ def ignoring_closed_event_loops(hook: Callable[[Any], object]) -> Callable[[Any]
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions a user causes (a config, data file, checkpoint, back end or diverging setting) and fixes from
     the message alone: the CLIs print them as one line and exit with status 2; anything else is a bug."""
-    from icml_jax.llm.types import BackendError, MissingAPIKeyError
-    from icml_jax.memory.store import MemoryStoreError
-    from icml_jax.checkpoint import CheckpointError
-    from icml_jax.rl.divergence import DivergenceError
-
     return (ConfigError, CheckpointError, DivergenceError, BackendError, MissingAPIKeyError, MemoryStoreError,
             *_extra_user_errors())
 
 
 def _extra_user_errors() -> tuple[type[BaseException], ...]:
     """Data and model-file errors (their modules name what failed: file, record, tensor)."""
-    from icml_jax.data.report import DataError
-    from icml_jax.models.config import ModelConfigError
-    from icml_jax.models.safetensors_io import CheckpointError as WeightsError
-
     return (DataError, ModelConfigError, WeightsError)
 
 

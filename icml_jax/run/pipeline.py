@@ -16,14 +16,14 @@ from typing import Any, TextIO
 import ml_collections
 from tqdm.auto import tqdm
 
-from icml_jax.run.runlog import METRICS_FILE
+from icml_jax.checkpoint.files import write_text_atomic
+from icml_jax.run.runlog import METRICS_FILE, MetricsLog, plot_learning_curves, read_metrics, session_table
 from icml_jax.run.runspec import RunSpec
 from icml_jax.run.stages.online import stage_online
 from icml_jax.run.stages.run import NoMetrics, Run, is_primary
 from icml_jax.run.stages.synthesize import stage_synthesize
 from icml_jax.run.stages.warmup import stage_warmup
 from icml_jax.run.validation import validate
-from icml_jax.checkpoint.files import write_text_atomic
 from icml_jax.run.workdir import CHECKPOINT_DIR, CONFIG_FILE, PLOT_FILE, config_text, read_progress, resume_point
 
 STAGE_FNS: dict[str, Callable[[Run], dict[str, Any]]] = {  # looked up when a stage runs (tests replace stages)
@@ -36,8 +36,6 @@ STAGE_FNS: dict[str, Callable[[Run], dict[str, Any]]] = {  # looked up when a st
 def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
         out: TextIO | None = None) -> dict[str, dict[str, Any]]:
     """Validates `config`, then runs (or resumes) its stages in order; returns {stage: summary}, prints a report."""
-    from icml_jax.run.runlog import MetricsLog, plot_learning_curves, read_metrics, session_table
-
     out = out or sys.stdout
     spec = RunSpec.from_config(config)
     stages = validate(config, workdir, spec)

@@ -12,22 +12,23 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ml_collections
 
+from icml_jax.agents.agent import AgentConfig
+from icml_jax.agents.observation import ObservationConfig
 from icml_jax.configlib import field_default, known_fields
-
-if TYPE_CHECKING:
-    from icml_jax.agents.agent import AgentConfig
-    from icml_jax.agents.observation import ObservationConfig
-    from icml_jax.data.persona_world import PersonaWorldConfig
-    from icml_jax.llm.types import LLMBackend
-    from icml_jax.rl.config import PPOConfig, RewardConfig
-    from icml_jax.rl.learner import LearnerConfig
-    from icml_jax.synthesis.config import SynthesisConfig
-    from icml_jax.textcheck import TextLimits
-    from icml_jax.train.supervised import WarmupConfig
+from icml_jax.data.persona_world import PersonaWorldConfig
+from icml_jax.data.stream import REAL_DATASETS, user_speaker
+from icml_jax.llm.registry import make_backend, remote_context_tokens
+from icml_jax.llm.types import LLMBackend
+from icml_jax.rl.config import PPOConfig, RewardConfig
+from icml_jax.rl.divergence import DivergenceConfig
+from icml_jax.rl.learner import LearnerConfig
+from icml_jax.synthesis.config import SynthesisConfig
+from icml_jax.textcheck import TextLimits
+from icml_jax.train.supervised import WarmupConfig
 
 # LearnerConfig fields a config's `learner` block sets (the agent's knobs are `agents.agent.LEARNER_KEYS`)
 LEARNER_LOOP_KEYS = ("update_every", "fresh_memory", "users_in_flight")
@@ -78,15 +79,11 @@ class RunSpec:
     @functools.cached_property
     def observation(self) -> ObservationConfig:
         """What both policies see, in every stage (`config.observation`)."""
-        from icml_jax.agents.observation import ObservationConfig
-
         return ObservationConfig(**self.config.observation.to_dict())
 
     @functools.cached_property
     def agent(self) -> AgentConfig:
         """The per-turn agent's knobs (`config.learner`'s reply / note / rule keys) with the observation."""
-        from icml_jax.agents.agent import AgentConfig
-
         return AgentConfig.from_config(self.config.get("learner"), self.observation)
 
     # ----------------------------------------------------------------------------------------------------- rl
@@ -94,24 +91,16 @@ class RunSpec:
     @functools.cached_property
     def ppo(self) -> PPOConfig:
         """PPO settings (`config.rl.ppo`)."""
-        from icml_jax.rl.config import PPOConfig
-
         return PPOConfig.from_dict(self.config.rl.ppo.to_dict())
 
     @functools.cached_property
     def reward(self) -> RewardConfig:
         """Reward settings (`config.rl.reward`), shared by the online stage and the warm-up's value targets."""
-        from icml_jax.rl.config import RewardConfig
-
         return RewardConfig.from_dict(self.config.rl.reward.to_dict())
 
     @functools.cached_property
     def learner(self) -> LearnerConfig:
         """The online loop (`config.learner`, `config.rl`, `config.seed`, the data's user speaker)."""
-        from icml_jax.data.stream import user_speaker
-        from icml_jax.rl.divergence import DivergenceConfig
-        from icml_jax.rl.learner import LearnerConfig
-
         block = self.config.get("learner") or {}
         loop = {k: block.get(k) for k in LEARNER_LOOP_KEYS if block.get(k) is not None}
         if "users_in_flight" in loop:
@@ -135,32 +124,23 @@ class RunSpec:
     @functools.cached_property
     def world(self) -> PersonaWorldConfig:
         """The persona world of the data (`config.data.world`)."""
-        from icml_jax.data.persona_world import PersonaWorldConfig
-
         return PersonaWorldConfig.from_config(self.config.data.world)
 
     @functools.cached_property
     def synthesis(self) -> SynthesisConfig:
         """Retrospective Session Synthesis (`config.synthesis`)."""
-        from icml_jax.synthesis.config import SynthesisConfig
-
         return SynthesisConfig.from_config(self.config.synthesis)
 
     @functools.cached_property
     def warmup(self) -> WarmupConfig:
         """The supervised warm-up (`config.warmup`); its observation and value-target rewards are the run's own
         (`config.observation`, `config.rl.reward`: `train.supervised.RUN_FIELDS` are not keys of the block)."""
-        from icml_jax.train.supervised import WarmupConfig
-
         return WarmupConfig.from_config(self.config.warmup, observation=self.observation, rewards=self.reward)
 
     @property
     def data_seeds(self) -> bool:
         """Whether the synthesis seeds come from the episodes the online stage plays (`synthesis.seed_source`);
         read from the raw block, so validation can ask before the synthesis block is built."""
-        from icml_jax.data.stream import REAL_DATASETS
-        from icml_jax.synthesis.config import SynthesisConfig
-
         syn = self.config.synthesis
         if syn.get("seeds_file"):
             return False
@@ -177,8 +157,6 @@ class RunSpec:
     @property
     def condense_memories(self) -> bool:
         """Whether the synthesis condenses the expert memories (with the generator), from the raw block."""
-        from icml_jax.synthesis.config import SynthesisConfig
-
         return bool(self.config.synthesis.get("condense_memories",
                                               field_default(SynthesisConfig, "condense_memories")))
 
@@ -197,16 +175,12 @@ class RunSpec:
 
     def make_backend(self, role: str) -> LLMBackend:
         """A new client of the `config.llm.<role>` back end (the caller closes it)."""
-        from icml_jax.llm.registry import make_backend
-
         return make_backend(self.config.llm[role])
 
     @property
     def generator_context_tokens(self) -> int | None:
         """The remote generator's input window (`config.llm.generator.context_tokens`, else its kind's default),
         None when the generator runs locally (offline, local: the backbone's context bounds a prompt)."""
-        from icml_jax.llm.registry import remote_context_tokens
-
         return remote_context_tokens(self.config.llm.generator, "config.llm.generator")
 
     @property
@@ -219,6 +193,4 @@ class RunSpec:
     @functools.cached_property
     def limits(self) -> TextLimits:
         """Size caps on untrusted text (`config.limits`; a run written before the block existed: the defaults)."""
-        from icml_jax.textcheck import TextLimits
-
         return TextLimits.from_config(self.config.get("limits"))

@@ -11,7 +11,15 @@ from typing import Any
 
 import ml_collections
 
+from icml_jax import parallel
+from icml_jax.agents.prefilter import encoder_directory
+from icml_jax.checkpoint import META_FILE
 from icml_jax.configlib import ConfigError, config_differences, field_default
+from icml_jax.data.stream import check_data_config
+from icml_jax.llm.registry import api_key_variables, check_backend
+from icml_jax.llm.remote import read_api_key
+from icml_jax.llm.types import MissingAPIKeyError
+from icml_jax.rl.learner import LearnerConfig
 from icml_jax.run.runspec import RunSpec
 from icml_jax.run.stages import STAGES
 from icml_jax.run.workdir import CONFIG_FILE, SYNTHESIS_DIR, config_text
@@ -37,12 +45,6 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
              spec: RunSpec | None = None) -> tuple[str, ...]:
     """Checks everything that can be checked before work starts; returns the stages to run. The typed configs
     it builds stay in `spec` (the run's, when given), so the stages read the very objects checked here."""
-    from icml_jax import parallel
-    from icml_jax.data.stream import check_data_config
-    from icml_jax.llm.registry import api_key_variables, check_backend
-    from icml_jax.llm.remote import read_api_key
-    from icml_jax.llm.types import MissingAPIKeyError
-
     if not str(workdir):
         raise ConfigError("--workdir is required: the directory that receives metrics.jsonl and stage outputs")
     stages = parse_stages(config)
@@ -98,8 +100,6 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
     check_checkpoint(config)
     init_from = (config.get("online") or {}).get("init_from")
     if init_from and "online" in stages:
-        from icml_jax.checkpoint import META_FILE
-
         if "warmup" in stages:
             raise ConfigError("config.online.init_from starts the online stage from a saved policy, but config.mode "
                               "also runs 'warmup', whose result it would replace; drop one of them")
@@ -125,8 +125,6 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
 def check_processes(config: ml_collections.ConfigDict, stages: Sequence[str], count: int) -> None:
     """What a run of several JAX processes needs: the online stage alone (each process plays its users; the
     synthesis and the warm-up run in one process first), whole groups of users per update, equal shares."""
-    from icml_jax.rl.learner import LearnerConfig
-
     if tuple(stages) != ("online",):
         raise ConfigError(f"config.mode={tuple(stages)!r} on {count} JAX processes: several processes run the online "
                           "stage only. Run synthesize and warmup in one process first (--config.mode=synthesize,warmup "
@@ -145,8 +143,6 @@ def check_processes(config: ml_collections.ConfigDict, stages: Sequence[str], co
 
 def check_blocks(spec: RunSpec, stages: Sequence[str]) -> None:
     """Builds each typed config the stages use (kept in `spec`) so a bad value fails now, naming its block."""
-    from icml_jax.agents.prefilter import encoder_directory
-
     checks: list[tuple[str, Callable[[], Any]]] = [
         ("observation", lambda: spec.observation),
         ("rl", lambda: (spec.ppo, spec.reward)),

@@ -10,6 +10,16 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from icml_jax import parallel
+from icml_jax.checkpoint import CheckpointError, RunCheckpointer, load_memory_state, load_warmup, memory_state
+from icml_jax.data.labels import pooled_metrics
+from icml_jax.data.stream import EVAL_OFFSET, held_out_episodes, online_stream
+from icml_jax.memory.store import MemoryStore
+from icml_jax.rl import heldout  # heldout.evaluate read when called (tests wrap it)
+from icml_jax.rl.learner import OnlineLearner
+from icml_jax.rl.likelihood import reward_judges
+from icml_jax.rl.rollout import user_groups
+from icml_jax.rl.save_log import proxy_truth_per_session
 from icml_jax.run.stages.run import Run, is_primary
 from icml_jax.run.workdir import CHECKPOINT_DIR
 
@@ -18,9 +28,6 @@ def session_rows(phase: str, sessions: Sequence[Any], saves: Sequence[Any] | Non
     """Per-session-number rows of the per-session table (labels pooled over episodes, mean judged rewards; Table
     8's miss and false-positive rates); with `saves` (`SaveLogEntry`s) also the proxy / truth correlation of the
     saves made in each session."""
-    from icml_jax.data.labels import pooled_metrics
-    from icml_jax.rl.save_log import proxy_truth_per_session
-
     correlation = proxy_truth_per_session(saves) if saves is not None else {}
     rows = []
     for number in sorted({c.session for c in sessions}):
@@ -51,16 +58,6 @@ def stage_online(run: Run) -> dict[str, Any]:
     """
     import jax
 
-    from icml_jax import parallel
-    from icml_jax.data.stream import EVAL_OFFSET, held_out_episodes, online_stream
-    from icml_jax.rl.likelihood import reward_judges
-    from icml_jax.memory.store import MemoryStore
-    from icml_jax.checkpoint import RunCheckpointer, load_memory_state, memory_state
-    from icml_jax.data.labels import pooled_metrics
-    from icml_jax.rl.heldout import evaluate
-    from icml_jax.rl.learner import OnlineLearner
-    from icml_jax.rl.rollout import user_groups
-
     config, spec = run.config, run.spec
     policies, tokenizer = run.models()
     stream, held_out = online_stream(config), held_out_episodes(config)
@@ -73,9 +70,9 @@ def stage_online(run: Run) -> dict[str, Any]:
     def held_out_eval(seen: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         if not held_out:
             return {}, []
-        sessions = evaluate(policies, tokenizer, held_out, agent_config=agent_cfg, backend=generator,
-                            user_speaker=learner_cfg.user_speaker, greedy=spec.online.greedy_eval,
-                            seed=config.seed + EVAL_OFFSET, users_in_flight=learner_cfg.users_in_flight)
+        sessions = heldout.evaluate(policies, tokenizer, held_out, agent_config=agent_cfg, backend=generator,
+                                    user_speaker=learner_cfg.user_speaker, greedy=spec.online.greedy_eval,
+                                    seed=config.seed + EVAL_OFFSET, users_in_flight=learner_cfg.users_in_flight)
         metrics = pooled_metrics(sessions, "eval")
         run.metrics.write("eval", {"episodes_seen": seen, **metrics}, step=seen)
         return metrics, session_rows("before" if seen == 0 else "after", sessions)
@@ -112,8 +109,6 @@ def stage_online(run: Run) -> dict[str, Any]:
             stream.set_state(state["data"])
         else:  # the warmed-up start is resume point 0; the warm-up, deferred until now, is recoverable from it
             if spec.online.init_from:
-                from icml_jax.checkpoint import load_warmup
-
                 load_warmup(Path(spec.online.init_from).expanduser(), policies)
             save({"before": {}, "before_rows": []})
             ckpt.wait()
@@ -172,8 +167,6 @@ def write_episode_rows(metrics: Any, rows: list[dict[str, Any]]) -> None:
     """Writes the online rows of the episodes played since the last update, from every process, in episode
     order (a collective with several processes). An update's figures (every key that is not `episode/...`) sit
     on every process's last row: they stay on the last episode only, as one process playing all writes them."""
-    from icml_jax import parallel
-
     parts = parallel.allgather_objects(rows)
     merged = sorted((r for part in parts for r in part), key=lambda r: r["episode"])
     if len(parts) > 1:
@@ -188,8 +181,6 @@ def gather_state(state: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's JSON state: this process's, or with several processes every process's (they differ in
     their users' memories, pending rewards, data position) under "processes", the first one's metrics length
     on top (a collective)."""
-    from icml_jax import parallel
-
     parts = parallel.allgather_objects(state)
     if len(parts) == 1:
         return state
@@ -200,8 +191,6 @@ def own_state(state: dict[str, Any], where: Path) -> dict[str, Any]:
     """This process's part of a checkpoint's JSON state (`gather_state`); a checkpoint of another number of
     processes is an error naming both."""
     import jax
-
-    from icml_jax.checkpoint import CheckpointError
 
     saved = int(state.get("process_count", 1))
     if saved != jax.process_count():

@@ -9,15 +9,16 @@ from typing import Any
 
 import ml_collections
 
+from icml_jax import parallel
+from icml_jax.checkpoint import save_warmup
+from icml_jax.run.builders import build_models
 from icml_jax.run.runlog import json_safe
 from icml_jax.run.runspec import RunSpec
 from icml_jax.run.workdir import POLICY_DIR, PROGRESS_FILE, write_json_atomic
 
 
 def is_primary() -> bool:
-    """`parallel.is_primary()`, imported late as the stages' other heavy modules are."""
-    from icml_jax import parallel
-
+    """`parallel.is_primary()`: whether this process writes the run's shared files (metrics, progress)."""
     return parallel.is_primary()
 
 
@@ -43,8 +44,6 @@ class Run:
 
     def models(self) -> tuple[Any, Any]:
         """The policies and tokenizer, built on first use (tiny random backbone or local HF checkpoint)."""
-        from icml_jax.run.builders import build_models
-
         if self.policies is None:
             self.policies, self.tokenizer = build_models(self.config, self.workdir, self.spec)
         return self.policies, self.tokenizer
@@ -62,8 +61,6 @@ class Run:
 
     def save_policy(self, metadata: dict[str, Any]) -> Path:
         """The trained policy's adapters and heads to `<workdir>/policy` (what `icml_jax.chat` loads)."""
-        from icml_jax.checkpoint import save_warmup
-
         return save_warmup(self.workdir / POLICY_DIR, self.policies, json_safe(metadata))  # every process calls
 
 

@@ -7,18 +7,17 @@ from typing import Any
 
 import ml_collections
 
+from icml_jax.data.stream import online_stream
 from icml_jax.run.runspec import RunSpec
 from icml_jax.run.stages.run import Run
 from icml_jax.run.workdir import SYNTHESIS_DIR
+from icml_jax.synthesis import seeds_from_episodes, synthesize
 
 
 def synthesis_seeds(config: ml_collections.ConfigDict, spec: RunSpec | None = None):
     """The synthesis seeds of a run: with data seeds, the first sessions of the first `synthesis.num_seeds`
     distinct episodes of the online stream (the users the online stage will meet, in its order); else None
     (`synthesize` reads the seeds file or draws persona-world constraints)."""
-    from icml_jax.data.stream import online_stream
-    from icml_jax.synthesis import seeds_from_episodes
-
     spec = spec if spec is not None else RunSpec.from_config(config)
     if not spec.data_seeds:
         return None
@@ -31,8 +30,6 @@ def stage_synthesize(run: Run) -> dict[str, Any]:
     """Retrospective Session Synthesis with the synthesizer (default: generator) back end into
     `<workdir>/synthesis`, from the seeds of `synthesis_seeds` (real data: the played episodes' first sessions),
     memories condensed by the generator as the online agent's are."""
-    from icml_jax.synthesis import synthesize
-
     spec = run.spec
     role = spec.synthesis_role
     backend = spec.make_backend(role)

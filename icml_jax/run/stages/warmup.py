@@ -6,12 +6,11 @@ from typing import Any
 
 from icml_jax.run.stages.run import Run
 from icml_jax.run.workdir import SYNTHESIS_DIR
+from icml_jax.train import warmup
 
 
 def stage_warmup(run: Run) -> dict[str, Any]:
     """Supervised warm-up of both policies on the synthesized expert data; Orbax state in `<workdir>/warmup`."""
-    from icml_jax.train import warmup
-
     policies, tokenizer = run.models()
     result = warmup(run.spec.warmup, policies, tokenizer, run.workdir / SYNTHESIS_DIR, run.workdir)
     for row in result.history:
