@@ -16,6 +16,7 @@ from icml_jax.agents.observation import ObservationConfig
 from icml_jax.configlib import field_default
 from icml_jax.data.protocol import Target
 from icml_jax.data.schema import Episode
+from icml_jax.data.stream import user_speaker
 from icml_jax.evaluation.protocol import AgentReply, MemoryChoice, reply_temperature
 from icml_jax.llm.generation import ReplyInput, generate_replies
 from icml_jax.llm.types import LLMBackend
@@ -421,8 +422,6 @@ def session_turns(agent: BaselineAgent, episode: Episode, session: int) -> list[
 
 def user_speaker_of(config: Any) -> str | None:
     """Whose turns the agent acts on, as the evaluation plays them (`icml_jax.data.stream.user_speaker`)."""
-    from icml_jax.data.stream import user_speaker
-
     return user_speaker(config)
 
 

@@ -17,7 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from icml_jax.agents.tiny import tiny_model_config
 from icml_jax.memory.lexical import bm25_scores
+from icml_jax.models import from_pretrained, load_sentence_encoder, load_tokenizer
+from icml_jax.models.decoder import Decoder
+from icml_jax.models.encoder import is_bert_directory
+from icml_jax.models.sampler import bucket
 
 Encoder = Callable[[Sequence[str]], np.ndarray]  # texts -> [N, D] float32
 
@@ -51,8 +56,6 @@ class MeanPoolEncoder:
     def __call__(self, texts: Sequence[str]) -> np.ndarray:
         import jax.numpy as jnp
 
-        from icml_jax.models.sampler import bucket
-
         if not texts:
             return np.zeros((0, self.dim), np.float32)
         tok = self.tokenizer
@@ -78,9 +81,6 @@ def tiny_encoder(tokenizer, *, hidden: int, layers: int, seed: int, max_length: 
     evaluation's tokenizer, initialised from `seed`. Its features are random projections, not semantics."""
     from flax import nnx
 
-    from icml_jax.agents.tiny import tiny_model_config
-    from icml_jax.models.decoder import Decoder
-
     model = Decoder(tiny_model_config(len(tokenizer), hidden, layers), rngs=nnx.Rngs(seed))
     return MeanPoolEncoder(model, tokenizer, max_length=max_length, label=f"random tiny decoder (seed {seed})")
 
@@ -91,9 +91,6 @@ def encoder_from_config(config: Any, tokenizer, *, model_dir: str | None, max_le
     with `config.seed`. A BERT directory is a sentence encoder (its own tokenizer, pooling and normalisation,
     `max_length` capped by its max_seq_length); any other is a decoder whose final states are mean-pooled."""
     import jax.numpy as jnp
-
-    from icml_jax.models import from_pretrained, load_sentence_encoder, load_tokenizer
-    from icml_jax.models.encoder import is_bert_directory
 
     path = model_dir or (None if config.model.kind == "tiny" else config.model.get("path"))
     if path is None:

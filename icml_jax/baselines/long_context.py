@@ -18,11 +18,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from icml_jax.agents.tiny import tiny_model_config
 from icml_jax.baselines.common import BaselineAgent, Query, Ref, ReplySettings, baseline_settings, user_speaker_of
 from icml_jax.data.schema import Episode
 from icml_jax.evaluation.protocol import MemoryChoice
 from icml_jax.llm import prompts as llm_prompts
 from icml_jax.llm.types import LLMBackend
+from icml_jax.models.config import ModelConfig
+from icml_jax.run.runspec import RunSpec
 
 LoggedTurn = tuple[int, str | None, Ref, str, str]  # (session, its gap text, ref, speaker, text)
 
@@ -114,11 +117,7 @@ class LongContextAgent(BaselineAgent):
 
 def backbone_context(config: Any, tokenizer) -> int:
     """`max_position_embeddings` of the run's backbone: config.model.path's config.json, or the tiny decoder's."""
-    from icml_jax.models.config import ModelConfig
-
     if config.model.kind == "tiny":
-        from icml_jax.agents.tiny import tiny_model_config
-
         return tiny_model_config(len(tokenizer), int(config.model.hidden),
                                  int(config.model.layers)).max_position_embeddings
     path = config.model.get("path")
@@ -131,8 +130,6 @@ def backbone_context(config: Any, tokenizer) -> int:
 def generator_context(config: Any, tokenizer) -> tuple[int, str]:
     """(the generator's context in tokens, where it comes from): a remote generator's model window
     (`llm.generator.context_tokens`), else the backbone's `max_position_embeddings`."""
-    from icml_jax.run.runspec import RunSpec
-
     remote = RunSpec.from_config(config).generator_context_tokens
     if remote is not None:
         return remote, "llm.generator.context_tokens"

@@ -10,6 +10,7 @@ from typing import Any
 from icml_jax.data.schema import Episode
 from icml_jax.evaluation.protocol import EpisodeResult, gold_history, judged_ref
 from icml_jax.llm.judges import ProxyInput, ProxyJudge, QualityInput, QualityJudge
+from icml_jax.rl.save_log import pearson_or_none
 
 
 def judge_targets(judge: QualityJudge, results: Sequence[EpisodeResult], episodes: Sequence[Episode]) -> None:
@@ -37,8 +38,6 @@ def proxy_truth_correlation(judge: ProxyJudge, results: Sequence[EpisodeResult],
     saves that some reply used (overall and per session of the save); r is None with fewer than 3 such saves or a
     constant side. Only the used saves are judged (no other save enters r; `proxy_failures` counts among them).
     Needs `judge_targets` first."""
-    from icml_jax.rl.save_log import pearson_or_none
-
     by_id = {e.episode_id: e for e in episodes}
     quality: dict[tuple[str, int, int], list[float]] = {}
     for r in results:

@@ -25,6 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from icml_jax.models import ModelConfig, ModelConfigError, from_pretrained, load_tokenizer
+from icml_jax.models.config import FAMILIES
+from icml_jax.models.sampler import bucket
+
 BERTSCORE_IDF = False  # bert-score's default: every token weighs the same
 BERTSCORE_RESCALE = False  # bert-score's default; its baselines exist only for its own model names anyway
 MAUVE_FEATURES = "final hidden state (after the final norm) of each text's last token"
@@ -106,9 +110,6 @@ def bertscore_f1(replies: Sequence[str], references: Sequence[str], *, model_pat
 def check_mauve_model(model_path: str | os.PathLike[str]) -> dict[str, Any]:
     """What MAUVE's features come from (model, model_type, family, hidden size, layer); raises one error naming
     the checkpoint's model_type and the decoder's families when our decoder cannot load it (GPT-2 included)."""
-    from icml_jax.models import ModelConfig, ModelConfigError
-    from icml_jax.models.config import FAMILIES
-
     path = Path(model_path)
     hf = _hf_config(path, "MAUVE featurizer")
     try:
@@ -129,8 +130,6 @@ def load_mauve_featurizer(model_path: str | os.PathLike[str]) -> tuple[Any, Any,
     """(decoder, tokenizer, details) of the local checkpoint whose last-token hidden states feed MAUVE, float32."""
     import jax.numpy as jnp
 
-    from icml_jax.models import from_pretrained, load_tokenizer
-
     details = check_mauve_model(model_path)
     return from_pretrained(model_path, dtype=jnp.float32), load_tokenizer(str(model_path)), details
 
@@ -142,8 +141,6 @@ def last_token_features(model, tokenizer, texts: Sequence[str], *, max_length: i
     import jax
     import jax.numpy as jnp
     from flax import nnx
-
-    from icml_jax.models.sampler import bucket
 
     graphdef, state = nnx.split(model)
 

@@ -23,9 +23,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any, Protocol
 
+from icml_jax.agents.agent import TurnInput
+from icml_jax.data.labels import SessionCounts, memory_label, session_counts
 from icml_jax.data.protocol import Target, final_session_targets
 from icml_jax.data.schema import Episode
-from icml_jax.data.labels import SessionCounts, memory_label, session_counts
+from icml_jax.llm.types import BackendError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +122,6 @@ class PolicyAgent:
     def observe_many(self, items):
         """`observe` for one history turn of each of several users in one batched step (Trigger, Planner and
         notes, no reply; `MemoryAgent.step_many`); each turn's construction time is the step's share."""
-        from icml_jax.agents.agent import TurnInput
-
         start = time.perf_counter()
         turns = [TurnInput(user, episode.sessions[s].turns[t].text, tuple(history), episode.episode_id, s, t,
                            label=memory_label(episode.sessions[s].turns[t])) for user, episode, s, t, history in items]
@@ -142,8 +142,6 @@ class PolicyAgent:
     def recall_questions(self, user_id, episode, questions):
         """The memory the Trigger picks for each question asked after the episode's last session (the question
         as the user turn, no dialogue), in one forward pass; no memory changes."""
-        from icml_jax.agents.agent import TurnInput
-
         after = len(episode.sessions)
         turns = [TurnInput(user_id, q, (), episode.episode_id, after, i) for i, q in enumerate(questions)]
         return [self._choice(decision, used) for decision, used in self.agent.choose_memories(turns)]
@@ -462,8 +460,6 @@ def play(agent: EvalAgent, episodes: Iterable[Episode], *, user_speaker: str | N
     episode of its group, in lockstep); the requests answered before the failure stay in the answer cache, so a
     rerun asks only for the rest.
     """
-    from icml_jax.llm.types import BackendError
-
     size = int(getattr(agent, "lockstep", 1))
     if size < 1:
         raise ValueError(f"{getattr(agent, 'name', agent)!r}: lockstep must be a positive int, got {size}")

@@ -17,10 +17,22 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from icml_jax.evaluation.report import TABLE1
+from icml_jax.baselines import baseline_factory
+from icml_jax.evaluate import EVAL_DIR, eval_episodes
+from icml_jax.evaluation.judging import judge_targets
+from icml_jax.evaluation.report import RESULTS_JSON, TABLE1, read_targets
 from icml_jax.experiments import runs
+from icml_jax.experiments.efficiency import efficiency_report, per_session_of
 from icml_jax.experiments.locomo import locomo_report
-from icml_jax.experiments.tables import Report, metrics_of
+from icml_jax.experiments.policy_maps import episode_maps, plot_maps
+from icml_jax.experiments.tables import Report, aggregate, metrics_of
+from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
+from icml_jax.llm.judges import QualityJudge
+from icml_jax.llm.local import DEFAULT_JUDGE_MODE, JUDGE_MODE_SCORES
+from icml_jax.llm.registry import make_backend
+from icml_jax.rl.save_log import pearson_or_none
+from icml_jax.run.agent_loading import find_checkpoint
+from icml_jax.run.runlog import METRICS_FILE, read_metrics
 
 
 @dataclasses.dataclass
@@ -59,7 +71,6 @@ def judge_notes(config: ml_collections.ConfigDict) -> list[str]:
         notes = [ORACLE]
     else:
         model = judge.get("model_dir") or judge.get("model") or "?"
-        from icml_jax.llm.local import DEFAULT_JUDGE_MODE, JUDGE_MODE_SCORES
 
         how = (" by its score-token probabilities (the expected 1-5 score per dimension)"
                if judge.kind == "local" and (judge.get("judge_mode") or DEFAULT_JUDGE_MODE) == JUDGE_MODE_SCORES
@@ -123,8 +134,6 @@ def ours(ctx: Context, seed: int) -> dict[str, Any]:
 
 def baseline(ctx: Context, seed: int, name: str) -> dict[str, Any]:
     """A baseline (icml_jax.baselines) on the same episodes, back ends and caches."""
-    from icml_jax.baselines import baseline_factory
-
     return scored(ctx, seed, ctx.seed_dir(seed) / f"baseline_{name}", name, factory=baseline_factory(name))
 
 
@@ -189,10 +198,6 @@ def table6(ctx: Context) -> Report:
 def efficiency(ctx: Context) -> Report:
     """Figures 9, 10 and 15: per session, tokens, construction / retrieval latency and processing time of ours and
     every baseline of `main` and `table6`, from their evaluations in this workdir (those missing are run)."""
-    from icml_jax.evaluate import EVAL_DIR
-    from icml_jax.evaluation.report import RESULTS_JSON
-    from icml_jax.experiments.efficiency import efficiency_report, per_session_of
-
     names = list(dict.fromkeys([*ctx.exp("baselines", ()), *ctx.exp("table6_baselines", ())]))
     contents: dict[str, dict[int, list[dict[str, Any]]]] = {}
     provenance: dict[str, dict[int, Any]] = {}
@@ -359,16 +364,7 @@ def rejudge(ctx: Context) -> Report:
     """One run, several judges (not the paper's Tables 7 / 11, which train with each judge: `judges`): the same
     replies (ours and the baselines of `main`) judged by each back end of `experiments.judges`; the systems'
     ranking per judge and each judge's per-reply agreement with the first."""
-    import icml_jax.llm.local  # noqa: F401  (registers the local back end)
     from scipy.stats import spearmanr
-
-    from icml_jax.evaluate import EVAL_DIR, eval_episodes
-    from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
-    from icml_jax.evaluation.judging import judge_targets
-    from icml_jax.rl.save_log import pearson_or_none
-    from icml_jax.evaluation.report import read_targets
-    from icml_jax.llm.judges import QualityJudge
-    from icml_jax.llm.registry import make_backend
 
     specs = list(ctx.exp("judges", ("offline",)))
     systems = ["ours", *ctx.exp("baselines", ())]
@@ -434,8 +430,6 @@ EXPLORATION_KEYS = ("planner_miss_rate", "planner_false_positive_rate", "proxy_t
 def training_session_rows(workdir: Path) -> dict[int, dict[str, Any]]:
     """{session: Table 8's numbers} of the online stage in `workdir`: its per-session rows over the training
     episodes (`stages.online.session_rows`, phase "online") as metrics.jsonl holds them."""
-    from icml_jax.run.runlog import METRICS_FILE, read_metrics
-
     path = workdir / METRICS_FILE
     rows = [r for r in read_metrics(path) if r.get("stage") == "online" and r.get("table") == "sessions"
             and r.get("phase") == "online"]
@@ -559,8 +553,6 @@ def size_grid(ctx: Context) -> Report:
     def figure(path: Path) -> None:
         import matplotlib.pyplot as plt
 
-        from icml_jax.experiments.tables import aggregate
-
         fig, axes = plt.subplots(1, 2, figsize=(8, 3.4))
         for ax, key in zip(axes, ("trigger_recall", "planner_precision"), strict=True):
             grid = np.full((len(sizes), len(sizes)), np.nan)
@@ -608,8 +600,6 @@ def ten_sessions(ctx: Context) -> Report:
     def figure(path: Path) -> None:
         import matplotlib.pyplot as plt
 
-        from icml_jax.experiments.tables import aggregate
-
         fig, ax = plt.subplots(figsize=(6, 3.4))
         xs = list(range(1, len(report.rows) + 1))
         for key, label in (("planner_precision", "planner precision"), ("trigger_recall", "trigger recall")):
@@ -631,8 +621,6 @@ def ten_sessions(ctx: Context) -> Report:
 def policy_maps(ctx: Context) -> Report:
     """Figure 5: the Planner's save probability over one episode's user turns before (warm-up) and after online
     learning, and a 2-D projection of the Trigger's query and memory features with the needed pairs marked."""
-    from icml_jax.experiments.policy_maps import episode_maps, plot_maps
-
     index = int(ctx.exp("policy_map_episode", 0))
     report = Report("policy_maps", "What the policies learned", "Figure 5",
                     {"save_prob_gold": "p(save) y_p=1", "save_prob_other": "p(save) y_p=0",
@@ -658,8 +646,6 @@ def policy_maps(ctx: Context) -> Report:
 def locomo(ctx: Context) -> Report:
     """LoCoMo question answering (not in the paper): ours (trained as `main` trains it) against the baselines,
     dense top-k and the evidence oracle on LoCoMo's conversations (`experiments.locomo`)."""
-    from icml_jax.run.agent_loading import find_checkpoint
-
     return locomo_report(ctx, lambda seed: find_checkpoint(trained(ctx, seed, "ours"))[0])
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from icml_jax.experiments.tables import Report, aggregate
+from icml_jax.experiments.tables import Report, aggregate, cell
 
 COLUMNS = {"inference_tokens": "inference tok", "storage_tokens": "stored tok",
            "construction_ms": "construction ms / session", "construction_ms_per_turn": "construction ms / turn",
@@ -83,8 +83,6 @@ def _totals(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
 
 def _totals_table(contents: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]) -> str:
     """Per system, the per-episode figures of `_totals` (mean ± sd over seeds)."""
-    from icml_jax.experiments.tables import cell
-
     lines = ["### Per episode", "", "Tokens and processing time summed over the sessions, construction (history "
              "sessions) and retrieval (all sessions) averaged over them; mean ± sample sd over seeds.", "",
              "| system | " + " | ".join(TOTALS.values()) + " |", "|---|" + "---:|" * len(TOTALS)]

@@ -24,10 +24,19 @@ from typing import Any
 
 import ml_collections
 
+from icml_jax.baselines import baseline_factory
+from icml_jax.data.sources.locomo import parse_locomo
+from icml_jax.data.sources.longmemeval import parse_longmemeval
+from icml_jax.evaluate import EvalContext, build_tokenizer, policy_factory
 from icml_jax.evaluation import locomo_scoring as scoring
 from icml_jax.evaluation.locomo_qa import QA_JSONL, QAItem, judge_rows, play_qa
+from icml_jax.evaluation.significance import sign_flip_p_value
 from icml_jax.experiments import runs
 from icml_jax.experiments.tables import Report
+from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
+from icml_jax.llm.registry import make_backend
+from icml_jax.llm.verbatim import VerbatimNotes
+from icml_jax.memory.store import MemoryStore
 
 RESULTS = "results.json"
 ORACLE = "evidence_oracle"
@@ -83,9 +92,6 @@ class LocomoSettings:
 def conversations(settings: LocomoSettings) -> list:
     """The episodes of the settings' file (the first `conversations` of them): LoCoMo conversations, or one
     LongMemEval question each with `format="longmemeval"`."""
-    from icml_jax.data.sources.locomo import parse_locomo
-    from icml_jax.data.sources.longmemeval import parse_longmemeval
-
     if settings.format not in FORMATS:
         raise ValueError(f"LocomoSettings.format must be one of {list(FORMATS)}, got {settings.format!r}")
     parse = parse_longmemeval if settings.format == "longmemeval" else parse_locomo
@@ -119,9 +125,6 @@ def _system_config(config: ml_collections.ConfigDict, system: str) -> ml_collect
 
 def _factory(system: str, checkpoint: Path | None):
     """The agent factory of a system (None: the evidence oracle, which has no agent)."""
-    from icml_jax.baselines import baseline_factory
-    from icml_jax.evaluate import policy_factory
-
     if system == ORACLE:
         return None
     if system in ("ours", OURS_ONLINE):
@@ -134,12 +137,6 @@ def run_system(config: ml_collections.ConfigDict, settings: LocomoSettings, out_
     """One system over the conversations: writes `out_dir`/qa.jsonl and results.json, returns the results (read
     back when `out_dir` holds them for the same config and settings)."""
     from tqdm.auto import tqdm
-
-    from icml_jax.evaluate import EvalContext, build_tokenizer
-    from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
-    from icml_jax.llm.registry import make_backend
-    from icml_jax.llm.verbatim import VerbatimNotes
-    from icml_jax.memory.store import MemoryStore
 
     config = _system_config(config, system)
     setting = {"config": config.to_dict(), "locomo": settings.record(), "system": system,
@@ -197,8 +194,6 @@ def paired(rows: Sequence[Mapping[str, Any]], against: Sequence[Mapping[str, Any
            ) -> dict[str, Any] | None:
     """Paired sign-flip test of one per-question metric between two systems over the questions both have a
     number for: {"n", "mean_difference", "p"}; None when no question has both."""
-    from icml_jax.evaluation.significance import sign_flip_p_value
-
     other = {r["question_id"]: r.get(key) for r in against}
     diffs = [float(r[key]) - float(other[r["question_id"]]) for r in rows
              if r.get(key) is not None and other.get(r["question_id"]) is not None]

@@ -17,11 +17,20 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from icml_jax.agents.agent import MemoryAgent
+from icml_jax.agents.policy import _features
+from icml_jax.checkpoint import load_warmup
+from icml_jax.data.stream import user_speaker
+from icml_jax.evaluate import eval_episodes
+from icml_jax.llm.offline import OfflineBackend
+from icml_jax.memory.fragment import NewFragment
+from icml_jax.memory.store import MemoryStore
+from icml_jax.run.builders import build_models
+from icml_jax.run.runspec import RunSpec
+
 
 def _trigger_features(policies, tokens: np.ndarray, mask: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, ...]:
     """(query [D], memories [N, D]) of one Trigger observation (tokens [C, L]; option 0 is the context alone)."""
-    from icml_jax.agents.policy import _features
-
     h = np.asarray(_features(policies.trigger_backbone, jnp.asarray(tokens), jnp.asarray(mask), policies.pooling))
     n = int(cand.sum())
     if policies.trigger_match is not None:
@@ -50,15 +59,6 @@ def _cosine_distance(a: np.ndarray, b: np.ndarray) -> float:
 def play_maps(config: ml_collections.ConfigDict, workdir: Path, checkpoint: Path | None, episode) -> dict[str, Any]:
     """One policy's maps: per user turn (session, turn, y_p, p(save), saved) and per turn that needs a memory the
     Trigger's query / candidate features over the labelled memories, which are needed, and summary distances."""
-    from icml_jax.agents.agent import MemoryAgent
-    from icml_jax.run.builders import build_models
-    from icml_jax.data.stream import user_speaker
-    from icml_jax.llm.offline import OfflineBackend
-    from icml_jax.memory.fragment import NewFragment
-    from icml_jax.memory.store import MemoryStore
-    from icml_jax.run.runspec import RunSpec
-    from icml_jax.checkpoint import load_warmup
-
     spec = RunSpec.from_config(config)
     policies, tokenizer = build_models(config, workdir, spec)
     if checkpoint is not None:
@@ -120,8 +120,6 @@ def _pca2(x: np.ndarray) -> np.ndarray:
 def episode_maps(config: ml_collections.ConfigDict, workdir: Path, checkpoints: dict[str, Path | None],
                  index: int) -> dict[str, Any]:
     """`play_maps` of each named policy on evaluation episode `index` (None: untrained heads)."""
-    from icml_jax.evaluate import eval_episodes
-
     episodes = eval_episodes(config)
     if not 0 <= index < len(episodes):
         raise ValueError(f"experiments.policy_map_episode={index}: there are {len(episodes)} evaluation episodes")

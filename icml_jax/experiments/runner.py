@@ -14,6 +14,7 @@ from typing import Any
 
 import ml_collections
 
+from icml_jax.configlib import ConfigError
 from icml_jax.experiments.catalog import EXPERIMENTS, Context
 from icml_jax.experiments.tables import write
 
@@ -62,8 +63,7 @@ def cli() -> None:
     """absl entry point with the shared --config / --workdir flags (`icml_jax.run.cli`), --experiment and --seeds."""
     from absl import app, flags
 
-    from icml_jax.run import cli as shared
-    from icml_jax.configlib import ConfigError
+    from icml_jax.run import cli as shared  # local: it defines the absl flags; importing this module defines none
 
     experiment = flags.DEFINE_enum("experiment", None, sorted(EXPERIMENTS), "the paper result to reproduce")
     seeds = flags.DEFINE_list("seeds", ["0"], "seeds: --seeds 0 1 2 (or 0,1,2); tables report mean and spread")

@@ -20,6 +20,10 @@ from typing import Any
 import ml_collections
 
 from icml_jax.configlib import apply_overrides, config_differences
+from icml_jax.evaluate import EVAL_DIR, evaluate_agent, evaluate_workdir
+from icml_jax.evaluation.report import RESULTS_JSON
+from icml_jax.run.pipeline import run
+from icml_jax.run.workdir import SYNTHESIS_DIR, WARMUP_DIR
 
 EVAL_CACHE = "eval_cache.sqlite"
 BASE = "base"
@@ -55,8 +59,6 @@ def training_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
 def run_job(config: ml_collections.ConfigDict, workdir: Path) -> dict[str, Any]:
     """`python -m icml_jax.main` in-process on `workdir` (resuming it) with `training_config(config)`; its report
     is appended to `<workdir>/run.txt`."""
-    from icml_jax.run.pipeline import run
-
     workdir.mkdir(parents=True, exist_ok=True)
     report = io.StringIO()
     with contextlib.redirect_stderr(io.StringIO()):  # progress bars: the experiment prints its own progress
@@ -69,8 +71,6 @@ def run_job(config: ml_collections.ConfigDict, workdir: Path) -> dict[str, Any]:
 def base_run(config: ml_collections.ConfigDict, root: Path, *, name: str = BASE,
              overrides: Mapping[str, Any] | None = None) -> Path:
     """Synthesis and warm-up once, in `<root>/<name>`; returns the warm-up checkpoint dir the variants start from."""
-    from icml_jax.run.workdir import WARMUP_DIR
-
     cfg = derive(config, {"mode": ("synthesize", "warmup"), **(overrides or {})})
     workdir = root / name
     run_job(cfg, workdir)
@@ -90,8 +90,6 @@ def online_run(config: ml_collections.ConfigDict, workdir: Path, *, init_from: P
 def full_run(config: ml_collections.ConfigDict, workdir: Path, *, synthesis_from: Path | None = None,
              overrides: Mapping[str, Any] | None = None) -> Path:
     """Synthesis (or a copy of `synthesis_from`, another run's synthesis dir), warm-up and online in `workdir`."""
-    from icml_jax.run.workdir import SYNTHESIS_DIR
-
     mode: tuple[str, ...] = ("synthesize", "warmup", "online")
     if synthesis_from is not None:
         target = workdir / SYNTHESIS_DIR
@@ -106,9 +104,6 @@ def full_run(config: ml_collections.ConfigDict, workdir: Path, *, synthesis_from
 def read_back(config: ml_collections.ConfigDict, workdir: Path, system: str) -> dict[str, Any] | None:
     """The `<workdir>/eval/results.json` content when it was written for `system` under `config` (the experiments
     block aside), else None."""
-    from icml_jax.evaluate import EVAL_DIR
-    from icml_jax.evaluation.report import RESULTS_JSON
-
     done = workdir / EVAL_DIR / RESULTS_JSON
     if not done.is_file():
         return None
@@ -122,8 +117,6 @@ def evaluate(config: ml_collections.ConfigDict, workdir: Path, root: Path, *, sy
              checkpoint: Path | None = None, factory: Callable | None = None) -> dict[str, Any]:
     """The evaluation protocol on `workdir` (its `<workdir>/eval/`): the policy there or in `checkpoint`, or the
     agent `factory` builds (a baseline); read back when it already ran with the same config and system."""
-    from icml_jax.evaluate import evaluate_agent, evaluate_workdir
-
     done = read_back(config, workdir, system)
     if done is not None:
         return done
