@@ -13,6 +13,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from icml_jax.configlib import known_fields
+
 _UNDECODABLE = range(0xDC80, 0xDD00)  # where a decoder with errors="surrogateescape" puts a byte it cannot decode
 
 
@@ -33,8 +35,6 @@ class TextLimits:
     @classmethod
     def from_config(cls, block: Mapping[str, Any] | Any | None) -> TextLimits:
         """The limits of a config block (`config.limits`, a dict from config.json, or None: the defaults)."""
-        from icml_jax.configlib import known_fields
-
         return cls(**known_fields(cls, block))
 
 

@@ -25,6 +25,8 @@ from typing import Protocol
 import numpy as np
 
 from icml_jax.memory.lexical import bm25_scores, most_similar, rank
+from icml_jax.models import fetch
+from icml_jax.models.encoder import is_bert_directory, load_sentence_encoder
 
 PREFILTERS = ("bm25", "embedding")
 DEFAULT_MODEL = "all-minilm-l6-v2"  # `models.fetch` name of the embedding prefilter's encoder when none is named
@@ -142,9 +144,6 @@ def encoder_directory(model: str) -> Path:
     """The embedding prefilter's encoder directory: `model`, or the fetched all-MiniLM-L6-v2 when "".
 
     Raises FileNotFoundError naming the fetch command, ValueError when the directory is not a BERT encoder's."""
-    from icml_jax.models import fetch
-    from icml_jax.models.encoder import is_bert_directory
-
     if not model:
         directory = fetch.model_dir(DEFAULT_MODEL)
         if not fetch.is_converted(directory, DEFAULT_MODEL):
@@ -167,7 +166,6 @@ def encoder_directory(model: str) -> Path:
 def _shared(kind: str, model: str) -> Prefilter:
     if kind == "bm25":
         return LexicalPrefilter()
-    from icml_jax.models.encoder import load_sentence_encoder
 
     return EmbeddingPrefilter(load_sentence_encoder(encoder_directory(model)))
 

@@ -40,8 +40,10 @@ from typing import Any
 import ml_collections
 
 from icml_jax.data.persona_world import PersonaWorldConfig, generate_episode, generate_episodes
+from icml_jax.data.pipeline import ShardSpec, tfds_source, train_pipeline
 from icml_jax.data.schema import Episode
 from icml_jax.data.sources.locomo import without_labels
+from icml_jax.data.tfds_builders import BUILDERS
 
 EVAL_OFFSET = 1_000_000  # held-out persona-world episodes are generated from this index on
 PERSONA_WORLD = "persona_world"
@@ -174,8 +176,6 @@ class TfdsEpisodeStream(EpisodeStream):
     def __init__(self, kind: str, tfds_name: str, split: str, *, data_dir: str | os.PathLike[str], seed: int,
                  total: int, shard_index: int | None = None, shard_count: int | None = None,
                  final_sessions: bool = False, max_session_turns: int | None = None) -> None:
-        from icml_jax.data.pipeline import ShardSpec, tfds_source, train_pipeline
-
         source = tfds_source(tfds_name, split, data_dir=data_dir)
         spec = ShardSpec.resolve(shard_index, shard_count, drop_remainder=True)
         size = len(source)
@@ -341,8 +341,6 @@ def check_data_config(config: ml_collections.ConfigDict, stages: Sequence[str]) 
 
 def _check_tfds(config: ml_collections.ConfigDict) -> None:
     """The built TFDS split of a real dataset exists (see ``check_data_config``)."""
-    from icml_jax.data.tfds_builders import BUILDERS
-
     name, tfds_name, split, data_dir = (config.data.name, config.data.tfds_name, config.data.split,
                                         config.data.data_dir)
     builder_cls = BUILDERS[name]

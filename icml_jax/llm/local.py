@@ -70,6 +70,7 @@ class LocalBackend:
         if request.json_schema is not None:
             prompt += "\n\nAnswer with JSON only, following this JSON schema:\n" + json.dumps(request.json_schema)
         if getattr(self.tokenizer, "chat_template", None):
+            # local: icml_jax.models (flax, transformers) stays off `import icml_jax.llm`
             from icml_jax.models.tokenizer import apply_chat_template
 
             messages = ([{"role": "system", "content": request.system}] if request.system else [])
@@ -78,6 +79,7 @@ class LocalBackend:
 
     def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResponse]:
         """Answers every request in order."""
+        # local: icml_jax.models (flax, transformers) stays off `import icml_jax.llm`
         from icml_jax.models.sampler import generate
 
         out: list[LLMResponse | None] = [None] * len(requests)
@@ -176,6 +178,7 @@ class LocalBackend:
         results to probs[where[j]], mass[where[j]]."""
         from flax import nnx
 
+        # local: icml_jax.models (flax, transformers) stays off `import icml_jax.llm`
         from icml_jax.models.sampler import bucket, pad_left
 
         graphdef, state = nnx.split(self.model)
@@ -197,6 +200,7 @@ class LocalBackend:
         together."""
         from flax import nnx
 
+        # local: icml_jax.models (flax, transformers) stays off `import icml_jax.llm`
         from icml_jax.models.sampler import bucket, pad_left
 
         if not shared:
@@ -234,6 +238,7 @@ class LocalBackend:
         continuation)` positions reach the vocabulary projection."""
         from flax import nnx
 
+        # local: icml_jax.models (flax, transformers) stays off `import icml_jax.llm`
         from icml_jax.models.sampler import bucket, pad_left
 
         if not requests:
@@ -330,6 +335,7 @@ def _shared_prefix_score_program():
     import jax.numpy as jnp
     from flax import nnx
 
+    # local: icml_jax.models (flax, transformers) stays off `import icml_jax.llm`
     from icml_jax.models.decoder import init_cache, repeat_cache, unstack_cache
 
     def score_after_prefix(graphdef, state, prefix, prefix_valid, suffix, suffix_valid, level_ids, level_mask):
@@ -418,6 +424,7 @@ def _local(values: Mapping[str, Any]) -> LocalBackend:
     (judges read score-token probabilities; 'json': they parse generated JSON)}`."""
     import jax.numpy as jnp
 
+    # local: icml_jax.models (flax, transformers) stays off `import icml_jax.llm`
     from icml_jax.models import from_pretrained, load_tokenizer
 
     _check_local(values)

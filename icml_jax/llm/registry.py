@@ -7,6 +7,9 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from icml_jax.llm.gemini import GeminiBackend, GeminiConfig
+from icml_jax.llm.offline import OfflineBackend
+from icml_jax.llm.openai_compat import OpenAIBackend, OpenAIConfig
 from icml_jax.llm.types import LLMBackend
 
 T = TypeVar("T")
@@ -151,32 +154,22 @@ KIND_DEFAULT_IF_NONE = ("api_key_env", "strict_schema", "max_tokens_field", "con
 
 
 def _gemini_config(values: Mapping[str, Any]) -> Any:
-    from icml_jax.llm.gemini import GeminiConfig
-
     return dataclass_from_config(GeminiConfig, values, unset_if_none=KIND_DEFAULT_IF_NONE)
 
 
 def _openai_config(values: Mapping[str, Any]) -> Any:
-    from icml_jax.llm.openai_compat import OpenAIConfig
-
     return dataclass_from_config(OpenAIConfig, values, unset_if_none=KIND_DEFAULT_IF_NONE)
 
 
 def _openai(values: Mapping[str, Any], **kwargs: Any) -> LLMBackend:
-    from icml_jax.llm.openai_compat import OpenAIBackend
-
     return OpenAIBackend(_openai_config(values), **kwargs)
 
 
 def _gemini(values: Mapping[str, Any], **kwargs: Any) -> LLMBackend:
-    from icml_jax.llm.gemini import GeminiBackend
-
     return GeminiBackend(_gemini_config(values), **kwargs)
 
 
 def _offline(values: Mapping[str, Any]) -> LLMBackend:
-    from icml_jax.llm.offline import OfflineBackend
-
     extra = sorted(set(values) - {"kind"})
     if extra:
         raise ValueError(f"offline back end takes no options, got {extra}")
@@ -190,9 +183,6 @@ def _fields(cls: type) -> list[str]:
 
 def _register_builtin() -> None:
     """Registers the back ends shipped here: gemini, openai (any OpenAI-compatible server) and offline."""
-    from icml_jax.llm.gemini import GeminiConfig
-    from icml_jax.llm.openai_compat import OpenAIConfig
-
     register_backend("gemini", _gemini, _fields(GeminiConfig), check=_gemini_config,
                      key_variables=("Gemini", lambda values: _gemini_config(values).api_key_env),
                      context_tokens=lambda values: _gemini_config(values).context_tokens)

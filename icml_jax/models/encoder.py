@@ -33,10 +33,11 @@ from flax import nnx
 
 from icml_jax.models import hf_layout
 from icml_jax.models.config_keys import ConfigKeys, ModelConfigError
-from icml_jax.models.loading import read_params
 from icml_jax.models.decoder import EMBED, HEAD_DIM, HEADS, MLP_AXIS, VOCAB, stack_blocks
+from icml_jax.models.loading import read_params
 from icml_jax.models.safetensors_io import Checkpoint, CheckpointError, CheckpointNotFoundError
 from icml_jax.models.sampler import bucket
+from icml_jax.models.tokenizer import load_tokenizer
 
 Array = jax.Array
 
@@ -469,8 +470,6 @@ def load_sentence_encoder(path: str | Path, *, dtype=jnp.float32, max_length: in
     `max_length` (tokens per text, [CLS] and [SEP] included) defaults to `max_seq_length` of
     sentence_bert_config.json, else the position table's size, and never exceeds either.
     """
-    from icml_jax.models.tokenizer import load_tokenizer
-
     path = Path(path)
     model = load_bert(path, dtype=dtype)
     settings = SentenceSettings.from_directory(path)

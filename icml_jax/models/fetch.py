@@ -30,6 +30,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from icml_jax.models import gguf_io
+
 ENV_VAR = "ICML_JAX_MODELS"
 DEFAULT_ROOT = Path("~/.cache/icml_jax/models")
 MARKER = "icml_jax_fetch.json"
@@ -79,8 +81,6 @@ class Source:
 
     def build(self, artifact: Path, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
         """Converts the verified GGUF file into the HF directory `out` (keeping the GGUF there); marker fields."""
-        from icml_jax.models import gguf_io
-
         log(f"{self.name}: converting {self.gguf_file} (sha256 ok) to a Hugging Face directory")
         try:
             gguf_io.convert(artifact, out, chat_template=self.chat_template, extra_eos_tokens=self.extra_eos_tokens)

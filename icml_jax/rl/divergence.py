@@ -24,6 +24,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from icml_jax.configlib import known_fields
+
 ACTIONS = ("stop", "rollback")
 logger = logging.getLogger(__name__)
 
@@ -62,8 +64,6 @@ class DivergenceConfig:
     @classmethod
     def from_config(cls, cfg: Any) -> DivergenceConfig:
         """From a config block (ConfigDict, mapping or None: the defaults); unknown keys are an error."""
-        from icml_jax.configlib import known_fields
-
         return cls(**known_fields(cls, cfg))
 
 
