@@ -2,10 +2,11 @@
 much any text in the memory slot would earn: for each turn of the given training episodes' history sessions, the
 best memory gain over its `k` BM25-most-similar later gold turns (what r_proxy reads) with (a) the turn's text,
 (b) a control text of about the same length (a turn of another GapChat episode, fixed by --seed) on the same
-targets, (c) the turn's text on `k` later gold turns drawn at random (no similarity selection), and (d) the turn
-and the control on the `k` later turns whose utterance alone is most similar (`match="utterance"`). Prints the
+targets, and (c) the turn's text on `k` later gold turns drawn at random (no similarity selection). Prints the
 means, the share of turns whose proxy reaches the Planner's high-value threshold 0.5, and the proxy that the
-difference (a) - (b) would give.
+difference (a) - (b) would give. `--match utterance` picks the later turns by their utterance alone (what a
+Trigger sees; `rl.likelihood.later_targets`), `pair` (the default, what r_proxy reads) by the utterance and the
+gold turn together.
 
     python scripts/proxy_calibration.py --config=configs/gc_smollm2.py --data_dir=/tmp/tfds \
         --episodes gapchat-test-5-26 gapchat-test-4-15 gapchat-test-4-16 gapchat-test-5-36
@@ -25,7 +26,7 @@ from icml_jax.data.stream import clip_sessions, history_sessions
 from icml_jax.data.tfds_builders import read_episodes
 from icml_jax.llm.judges import GoldTarget
 from icml_jax.llm.registry import make_backend
-from icml_jax.rl.likelihood import LikelihoodProxyJudge, information_value, later_targets
+from icml_jax.rl.likelihood import MATCH_ON, LikelihoodProxyJudge, information_value, later_targets
 
 
 def random_later(episode: Episode, session: int, k: int, rng: random.Random) -> list[GoldTarget]:
@@ -55,15 +56,13 @@ def best_gains(judge: LikelihoodProxyJudge, asks: Sequence[tuple[str, Sequence[G
     return best
 
 
-WIDTH = 5  # memory texts scored per turn (the rows of the table below, before the differences)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--data_dir", required=True)
     parser.add_argument("--episodes", nargs="+", required=True, help="training episode ids (history sessions)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--match", choices=MATCH_ON, default="pair", help="how later gold turns are picked")
     args = parser.parse_args()
     config = load_config(args.config, {"data.data_dir": args.data_dir})
     _, splits = PROTOCOL_SOURCES["gapchat"]
@@ -83,30 +82,22 @@ def main() -> None:
         asks: list[tuple[str, Sequence[GoldTarget]]] = []
         for s, session in enumerate(episode.sessions[:-1]):
             for turn in session.turns:
-                similar = later_targets(episode, s, turn.text, k) or []
-                by_utterance = later_targets(episode, s, turn.text, k, match="utterance") or []
-                control = control_text(turn.text, others, rng)
-                asks += [(turn.text, similar), (control, similar), (turn.text, random_later(episode, s, k, rng)),
-                         (turn.text, by_utterance), (control, by_utterance)]
+                similar = later_targets(episode, s, turn.text, k, match=args.match) or []
+                asks += [(turn.text, similar), (control_text(turn.text, others, rng), similar),
+                         (turn.text, random_later(episode, s, k, rng))]
         best = best_gains(judge, asks)
-        rows += [tuple(best[i:i + WIDTH]) for i in range(0, len(best), WIDTH)]
+        rows += [tuple(best[i:i + 3]) for i in range(0, len(best), 3)]
         print(f"{eid}: {len(rows)} turns so far", flush=True)
     scored = [r for r in rows if r[0] is not None]
     own, ctrl, rand = ([r[i] for r in scored] for i in range(3))
     diff = [a - b for a, b in zip(own, ctrl, strict=True)]
-    matched = [r for r in rows if r[3] is not None]
-    utt, utt_ctrl = ([r[i] for r in matched] for i in (3, 4))
     print(f"\n{len(rows)} turns; {len(scored)} share a word with a later gold turn (the rest have proxy 0)")
     print("| memory text on the targets | mean best gain (nats/tok) | sd | mean proxy | proxy >= 0.5 |")
     print("|---|---:|---:|---:|---:|")
-    for label, gains in (("the turn, its BM25-similar later turns (r_proxy)", own),
+    for label, gains in ((f"the turn, its BM25-similar later turns (match {args.match})", own),
                          ("a same-length turn of another episode, same targets", ctrl),
                          ("the turn, random later turns", rand),
-                         ("the turn minus the control (calibrated)", diff),
-                         (f"the turn, later turns matched by their utterance only (n {len(utt)})", utt),
-                         ("the control on those targets", utt_ctrl),
-                         ("the turn minus the control, utterance-matched",
-                          [a - b for a, b in zip(utt, utt_ctrl, strict=True)])):
+                         ("the turn minus the control (calibrated)", diff)):
         proxies = [information_value(g, scale) for g in gains]
         print(f"| {label} | {statistics.mean(gains):+.4f} | {statistics.stdev(gains):.4f} | "
               f"{statistics.mean(proxies):.3f} | {sum(p >= 0.5 for p in proxies) / len(proxies):.1%} |")
