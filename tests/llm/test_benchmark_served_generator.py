@@ -4,14 +4,13 @@ arm; and its server starter's error when the server exits before answering."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+
+from tests.scripts_loader import load_script
 
 from icml_jax.baselines.common import ReplySettings
 from icml_jax.data.schema import Episode, Session, Turn
@@ -22,23 +21,11 @@ from icml_jax.llm.types import TASK_REPLY, LLMRequest
 from tests.llm.loopback import loopback_server
 from tests.llm.test_llm_openai import FakeOpenAI, _handler, ok
 
-ROOT = Path(__file__).resolve().parents[2]
 UTTERANCES = ("I adopted a puppy last week.", "We went hiking on Sunday.", "My sister is visiting soon.")
 SETTINGS = ReplySettings(temperature=0.0, max_tokens=32)  # greedy, gc_smollm2's reply cap
 
 
-def _script() -> ModuleType:
-    """scripts/benchmark_served_generator.py as a module (scripts/ is not a package)."""
-    path = ROOT / "scripts" / "benchmark_served_generator.py"
-    spec = importlib.util.spec_from_file_location("benchmark_served_generator", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _script()
+bench = load_script("benchmark_served_generator")
 
 
 def _episode() -> Episode:

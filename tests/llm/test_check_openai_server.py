@@ -5,35 +5,22 @@ schema, or is not there at all."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import socket
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from tests.scripts_loader import load_script
+
 from tests.llm.loopback import loopback_server
 from tests.llm.test_llm_openai import FakeOpenAI, _handler, error, llama_cpp_python_500, ok
 
-ROOT = Path(__file__).resolve().parents[2]
 CONTEXT = 256  # the fake server's window, in its tokens (whitespace-separated words, 4 per message of template)
 MODEL = "fake-llama"
 
 
-def _script() -> ModuleType:
-    """scripts/check_openai_server.py as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("check_openai_server", ROOT / "scripts" / "check_openai_server.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-check = _script()
+check = load_script("check_openai_server")
 
 
 def _tokens(body: dict[str, Any]) -> int:

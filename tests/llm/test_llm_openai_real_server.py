@@ -11,14 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,19 +22,17 @@ from icml_jax.llm.openai_compat import OpenAIBackend, structured_mode_of
 from icml_jax.llm.registry import make_backend
 from icml_jax.models import fetch
 from tests.fetched import fetched_dir
+from tests.scripts_loader import load_script
+
+bench = load_script("benchmark_served_generator")  # starts and stops the server
+check = load_script("check_openai_server")
 
 NAME = "smollm2-135m-instruct"  # the fetched model, also the name the server answers to (--model_alias)
 N_CTX = 512  # the server's window: small, so a prompt at the limit is quick to read
 CAP = 8  # max_output_tokens of every answer
 START_TIMEOUT_S = 120.0
 FILLER = " apple"  # one token in SmolLM2's vocabulary (checked against the server's counts below)
-SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"capital": {"type": "string", "maxLength": 24}, "is_european": {"type": "boolean"}},
-    "required": ["capital", "is_european"],
-    "additionalProperties": False,
-}
-JSON_SYSTEM = 'Answer with one JSON object: {"capital": the city, "is_european": true or false}.'
+SCHEMA, JSON_SYSTEM = check.SCHEMA, check.JSON_SYSTEM  # the live-server check's JSON request
 
 
 def _missing(reason: str) -> None:
@@ -49,21 +40,6 @@ def _missing(reason: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(reason)
     pytest.skip(reason)
-
-
-def _free_port() -> int:
-    """A loopback port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    """The last `lines` lines of the server's log."""
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as exc:
-        return f"(no log: {exc})"
 
 
 @pytest.fixture(scope="module")
@@ -74,39 +50,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         _missing('llama_cpp is not installed; run `pip install -e ".[test]"` (on an AVX-512/AMX host with the '
                  "CMAKE_ARGS of .ci/run, docs/install.md)")
     gguf = fetch.gguf_path(fetched_dir(NAME), NAME)  # fetched_dir skips / fails the same way
-    port = _free_port()
+    port = bench.free_port()
     log_path = tmp_path_factory.mktemp("llama_cpp_server") / "server.log"
-    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", NAME,
-               "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(N_CTX), "--n_threads", "2"]
-    base_url = f"http://127.0.0.1:{port}/v1"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"llama_cpp.server exited with {proc.returncode} before answering {base_url}/models; "
-                            f"its log ({log_path}) ends:\n{_tail(log_path)}")
-            try:
-                with urllib.request.urlopen(f"{base_url}/models", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"llama_cpp.server did not answer {base_url}/models within {START_TIMEOUT_S:g}s; its "
-                            f"log ({log_path}) ends:\n{_tail(log_path)}")
-            time.sleep(0.2)
-        yield base_url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-    if proc.returncode not in (0, -15):  # a crash while serving shows here, not as a hung request
-        pytest.fail(f"llama_cpp.server ended with {proc.returncode}; its log ends:\n{_tail(log_path)}")
+    command = bench.server_command(gguf, port, alias=NAME, n_ctx=N_CTX, n_threads=2)
+    try:  # started, waited for, and checked for a crash while serving (`ServerError`, the log's tail)
+        with bench.running_server(command, f"http://127.0.0.1:{port}/v1", log_path,
+                                  timeout_s=START_TIMEOUT_S) as base_url:
+            yield base_url
+    except bench.ServerError as exc:
+        pytest.fail(f"llama_cpp.server: {exc}")
 
 
 def _block(base_url: str) -> dict[str, Any]:

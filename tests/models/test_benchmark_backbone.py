@@ -3,26 +3,19 @@ ratio against transformers, and the CPU model that says whose libraries those ra
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).parents[2]
+from tests.scripts_loader import load_script
+
 
 
 @pytest.fixture(scope="module")
 def script() -> ModuleType:
-    """scripts/benchmark_backbone.py as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("benchmark_backbone", ROOT / "scripts" / "benchmark_backbone.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """scripts/benchmark_backbone.py as a module."""
+    return load_script("benchmark_backbone")
 
 
 def test_matmul_rates_time_both_libraries_on_the_same_shape(script, monkeypatch):
