@@ -219,8 +219,7 @@ def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
             if ctx.judge is None:
                 raise ValueError("eval.learn needs the judge (eval.judge) for the online rewards")
             reward = spec.learner.reward
-            proxy_judge, quality_judge = reward_judges(reward.source, judge=ctx.judge, generator=ctx.generator,
-                                                       scale=reward.likelihood_scale)
+            proxy_judge, quality_judge = reward_judges(reward, judge=ctx.judge, generator=ctx.generator)
             learner = OnlineLearner(policies, ctx.tokenizer, ctx.store, ctx.generator, proxy_judge=proxy_judge,
                                     quality_judge=quality_judge, config=spec.learner)
             agent = LearningAgent(learner, temperature=reply_temperature(config),

@@ -26,7 +26,8 @@ from icml_jax.data.stream import clip_sessions, history_sessions
 from icml_jax.data.tfds_builders import read_episodes
 from icml_jax.llm.judges import GoldTarget
 from icml_jax.llm.registry import make_backend
-from icml_jax.rl.likelihood import MATCH_ON, LikelihoodProxyJudge, information_value, later_targets
+from icml_jax.rl.config import LIKELIHOOD_MATCHES
+from icml_jax.rl.likelihood import LikelihoodProxyJudge, information_value, later_targets
 
 
 def random_later(episode: Episode, session: int, k: int, rng: random.Random) -> list[GoldTarget]:
@@ -62,7 +63,7 @@ def main() -> None:
     parser.add_argument("--data_dir", required=True)
     parser.add_argument("--episodes", nargs="+", required=True, help="training episode ids (history sessions)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--match", choices=MATCH_ON, default="pair", help="how later gold turns are picked")
+    parser.add_argument("--match", choices=LIKELIHOOD_MATCHES, default="pair", help="how later gold turns are picked")
     args = parser.parse_args()
     config = load_config(args.config, {"data.data_dir": args.data_dir})
     _, splits = PROTOCOL_SOURCES["gapchat"]

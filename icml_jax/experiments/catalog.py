@@ -30,6 +30,7 @@ from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
 from icml_jax.llm.judges import QualityJudge
 from icml_jax.llm.local import DEFAULT_JUDGE_MODE, JUDGE_MODE_SCORES
 from icml_jax.llm.registry import make_backend
+from icml_jax.rl.config import LIKELIHOOD_KEYS, RewardConfig
 from icml_jax.rl.save_log import pearson_or_none
 from icml_jax.run.agent_loading import find_checkpoint
 from icml_jax.run.runlog import METRICS_FILE, read_metrics
@@ -311,12 +312,17 @@ def _judge_label(spec: str) -> str:
 LIKELIHOOD = "likelihood"  # experiments.judges entry: the likelihood reward (rl.likelihood) instead of a judge
 
 
+def _likelihood_settings(ctx: Context) -> dict[str, Any]:
+    """The config's likelihood-reward settings (rl.config.LIKELIHOOD_KEYS), as provenance records them."""
+    reward = RewardConfig.from_dict(ctx.config.rl.reward.to_dict())
+    return {k: getattr(reward, k) for k in LIKELIHOOD_KEYS}
+
+
 def _reward_model(ctx: Context, spec: str) -> dict[str, Any]:
     """What `spec` of experiments.judges sets as the reward model: the likelihood reward, or a judge back end as
     `llm.judge` with `rl.reward.source` "judge"."""
     if spec == LIKELIHOOD:
-        return {"source": LIKELIHOOD, **{k: ctx.config.rl.reward.get(k) for k in ("likelihood_scale",
-                                                                               "likelihood_later_turns")}}
+        return {"source": LIKELIHOOD, **_likelihood_settings(ctx)}
     return {"source": "judge", **_judge_block(ctx, spec)}
 
 
@@ -327,8 +333,7 @@ def judges(ctx: Context) -> Report:
     config's own judge, so only the reward model differs."""
     own_source = ctx.config.rl.reward.get("source", "judge")
     own = {"source": own_source, **(ctx.config.llm.judge.to_dict() if own_source == "judge" else
-                                     {k: ctx.config.rl.reward.get(k) for k in ("likelihood_scale",
-                                                                               "likelihood_later_turns")})}
+                                     _likelihood_settings(ctx))}
     specs = list(ctx.exp("judges", ("offline",)))
     blocks = {spec if spec == LIKELIHOOD else _judge_label(spec): _reward_model(ctx, spec) for spec in specs}
     if len(blocks) < len(specs):

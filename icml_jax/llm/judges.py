@@ -95,13 +95,15 @@ class GoldTarget:
 class ProxyInput:
     """A user turn to rate for information value; `label` is the data's y_p when known (offline back end);
     `later`: gold turns of the episode's later sessions it may help predict, None when there is no later session
-    (the likelihood reward reads them)."""
+    (the likelihood reward reads them); `control`: a text of another episode scored on the same turns (the
+    calibrated likelihood proxy subtracts its gain)."""
 
     turn_text: str
     history: prompts.Dialogue = ()
     label: float | None = None
     metadata: Mapping[str, Any] | None = None
     later: Sequence[GoldTarget] | None = ()
+    control: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

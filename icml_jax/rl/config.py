@@ -14,6 +14,9 @@ _C = TypeVar("_C")
 UNTRIGGERED_POLICIES: tuple[str, ...] = ("proxy", "defer")
 MULTI_TRIGGER_POLICIES: tuple[str, ...] = ("first", "max", "mean")
 REWARD_SOURCES: tuple[str, ...] = ("judge", "likelihood")  # RewardConfig.source
+LIKELIHOOD_MATCHES: tuple[str, ...] = ("pair", "utterance")  # RewardConfig.likelihood_match
+LIKELIHOOD_KEYS: tuple[str, ...] = ("likelihood_scale", "likelihood_later_turns", "likelihood_match",
+                                    "likelihood_control")  # the likelihood reward's settings (provenance)
 USER_MISMATCH_POLICIES: tuple[str, ...] = ("raise", "count")
 OLD_LOGP_SOURCES: tuple[str, ...] = ("rollout", "recompute")
 
@@ -58,7 +61,11 @@ class RewardConfig:
     - `source`: where r_proxy and r_qual come from: "judge" (the LLM judges, the paper's) or "likelihood" (the
       generator's likelihood of the episode's own gold turns, `rl.likelihood`; local back ends only), whose
       memory gains (nats per token) become sigmoid(gain / `likelihood_scale`) and whose proxy reads the
-      `likelihood_later_turns` most similar gold turns of later sessions.
+      `likelihood_later_turns` most similar gold turns of later sessions: similar by the gold turn and its
+      utterance together (`likelihood_match` "pair") or by the utterance alone ("utterance", as a Trigger
+      sees it, so a later turn is not picked for repeating the memory's words). `likelihood_control`: the
+      proxy is the turn's gain less a control text's on the same later turns (a turn of another episode
+      played in the same tick, of the closest length), so any text's gain in the memory slot earns nothing.
     """
 
     alpha: float = 1.0
@@ -72,6 +79,8 @@ class RewardConfig:
     source: str = "judge"
     likelihood_scale: float = 0.1
     likelihood_later_turns: int = 2
+    likelihood_match: str = "pair"
+    likelihood_control: bool = False
 
     def __post_init__(self) -> None:
         """Reject settings that would make rewards meaningless, naming the field."""
@@ -94,12 +103,14 @@ class RewardConfig:
                 f"RewardConfig: alpha, save_cost and truth_lambda must be >= 0, got "
                 f"{self.alpha}, {self.save_cost}, {self.truth_lambda}"
             )
-        if not isinstance(self.normalize, bool):
-            raise ValueError(f"RewardConfig.normalize must be a bool, got {self.normalize!r}")
+        for name in ("normalize", "likelihood_control"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"RewardConfig.{name} must be a bool, got {getattr(self, name)!r}")
         for name, allowed in (
             ("untriggered", UNTRIGGERED_POLICIES),
             ("multi_trigger", MULTI_TRIGGER_POLICIES),
             ("user_mismatch", USER_MISMATCH_POLICIES),
+            ("likelihood_match", LIKELIHOOD_MATCHES),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"RewardConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")

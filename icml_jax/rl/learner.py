@@ -40,7 +40,7 @@ from icml_jax.memory.store import MemoryStore
 from icml_jax.rl.batch import collate, partition, rollout_stats
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig
-from icml_jax.rl.likelihood import later_targets, next_gold_turn
+from icml_jax.rl.likelihood import control_texts, later_targets, next_gold_turn
 from icml_jax.rl.pending import PendingRewardBuffer, SaveReward
 from icml_jax.rl.rewards import planner_reward
 from icml_jax.rl.rollout import agent_turns, decision_keys, lockstep
@@ -254,11 +254,16 @@ class OnlineLearner:
         inputs = [TurnInput(user, item.text, hist, episode.episode_id, s, t, label=memory_label(item))
                   for (episode, user, s, t, hist, _), item in zip(turns, items, strict=True)]
         reward = self.config.reward
-        later = ([later_targets(episode, s, item.text, reward.likelihood_later_turns)
+        likelihood = reward.source == "likelihood"  # only the likelihood proxy reads later turns and controls
+        later = ([later_targets(episode, s, item.text, reward.likelihood_later_turns, match=reward.likelihood_match)
                   for (episode, _, s, _, _, _), item in zip(turns, items, strict=True)]
-                 if reward.source == "likelihood" else [()] * len(turns))  # only the likelihood proxy reads them
-        proxy_inputs = [ProxyInput(item.text, hist, label=None if item.y_p is None else float(item.y_p), later=ahead)
-                        for (_, _, _, _, hist, _), item, ahead in zip(turns, items, later, strict=True)]
+                 if likelihood else [()] * len(turns))
+        controls = (control_texts([item.text for item in items], [episode.episode_id for episode, *_ in turns])
+                    if likelihood and reward.likelihood_control else [None] * len(turns))
+        proxy_inputs = [ProxyInput(item.text, hist, label=None if item.y_p is None else float(item.y_p), later=ahead,
+                                   control=control)
+                        for (_, _, _, _, hist, _), item, ahead, control in zip(turns, items, later, controls,
+                                                                               strict=True)]
         keys = decision_keys(self.agent.key, np.asarray([(k, s, t) for _, _, s, t, _, k in turns], np.int32))
         pool = self._request_pool() if self.is_remote else None
         remote_proxy = pool is not None and getattr(self.proxy_judge.backend, "remote", False)

@@ -10,7 +10,10 @@ gold turns, for local-model runs whose LLM judge is too weak to score (SmolLM2-1
   similar to it (BM25), the largest gain as an information value clip(gain / scale, 0, 1), like the paper's 0
   (nothing worth remembering) to 1 (lasting personal information); a turn that shares no word with any later turn
   is worth 0. A turn with no later session (the last played one) has no proxy: its decision is left out of the
-  update and counted as a proxy failure.
+  update and counted as a proxy failure. Calibrated (`RewardConfig.likelihood_control`): the gain is the turn's
+  best gain less a control text's best gain on the same later turns (`control_texts`), since some of any
+  text's gain is only its presence in the memory slot (docs/results.md); a turn with later turns but no
+  control text is a proxy failure too.
 
 Both read only gold dialogue turns (never labels), and only of the episode the learner plays: the evaluation's
 test-time learner hands it the episode without its final session, whose turns are the scored targets.
@@ -28,9 +31,11 @@ from icml_jax.llm.judges import GoldTarget, JudgeResult, JudgeStats, ProxyInput,
 from icml_jax.llm.prompts import reply_request
 from icml_jax.llm.types import LikelihoodBackend, LLMRequest, LoglikRequest, LoglikResponse
 from icml_jax.memory.lexical import most_similar
+from icml_jax.rl.config import LIKELIHOOD_MATCHES, RewardConfig
 
 NO_NEXT_TURN = "no gold next turn (the session's last turn)"
 NO_LATER_TURN = "no later session in the episode"
+NO_CONTROL = "no control text (no turn of another episode in the tick)"
 
 
 def likelihood_score(gain: float, scale: float) -> float:
@@ -49,17 +54,14 @@ def next_gold_turn(episode: Episode, session: int, turn: int) -> str | None:
     return turns[turn + 1].text if turn + 1 < len(turns) else None
 
 
-MATCH_ON = ("pair", "utterance")  # what later_targets compares a turn with (RewardConfig.likelihood_match)
-
-
 def later_targets(episode: Episode, session: int, text: str, k: int, match: str = "pair") -> list[GoldTarget] | None:
     """The `k` gold turns of sessions after `session` whose context is most similar to `text` (BM25, best first;
     none that share no word), with their session's dialogue before; None when `session` is the episode's last
     (nothing later to predict). `match`: "pair" compares with each gold turn and the utterance before it;
     "utterance" with the utterance alone, as a Trigger sees it, so the gold turn is not chosen for sharing the
     memory's words."""
-    if match not in MATCH_ON:
-        raise ValueError(f"later_targets: match must be one of {MATCH_ON}, got {match!r}")
+    if match not in LIKELIHOOD_MATCHES:
+        raise ValueError(f"later_targets: match must be one of {LIKELIHOOD_MATCHES}, got {match!r}")
     if session + 1 >= len(episode.sessions):
         return None
     pool: list[GoldTarget] = []
@@ -68,6 +70,17 @@ def later_targets(episode: Episode, session: int, text: str, k: int, match: str 
         pool += [GoldTarget(tuple(turns[:j - 1]), turns[j - 1][1], turns[j][1]) for j in range(1, len(turns))]
     keys = [t.utterance if match == "utterance" else f"{t.utterance} {t.gold}" for t in pool]
     return [pool[i] for i in most_similar(text, keys, k)]
+
+
+def control_texts(texts: Sequence[str], groups: Sequence[Any]) -> list[str | None]:
+    """For each text, the text of another group (episode) whose word count is closest to it, the first such on a
+    tie; None when every text is of its own group. Deterministic: the calibrated proxy's control."""
+    lengths = [len(t.split()) for t in texts]
+    out: list[str | None] = []
+    for i, group in enumerate(groups):
+        others = [j for j, g in enumerate(groups) if g != group]
+        out.append(texts[min(others, key=lambda j: (abs(lengths[j] - lengths[i]), j))] if others else None)
+    return out
 
 
 class _LikelihoodJudge:
@@ -150,38 +163,60 @@ class LikelihoodQualityJudge(_LikelihoodJudge):
 
 class LikelihoodProxyJudge(_LikelihoodJudge):
     """r_proxy: the turn's largest gain, as the memory, over its later gold targets (`ProxyInput.later`; None: the
-    episode has no later session), as an information value."""
+    episode has no later session), as an information value; with `control`, less the largest gain of the item's
+    control text (`ProxyInput.control`) over the same targets."""
 
     kind = "proxy_likelihood"
 
-    def judge(self, items: Sequence[ProxyInput]) -> list[JudgeResult]:
-        pairs = [(i, t) for i, x in enumerate(items) for t in x.later or ()]
-        gains = self.gains([t for _, t in pairs], [items[i].turn_text for i, _ in pairs])
+    def __init__(self, backend: LikelihoodBackend, *, scale: float, control: bool = False) -> None:
+        super().__init__(backend, scale=scale)
+        self.control = bool(control)
+
+    def _best(self, asks: Sequence[tuple[int, str, Sequence[GoldTarget]]]) -> dict[int, float]:
+        """Item index -> the largest gain of its memory text over its targets (items without targets absent)."""
+        pairs = [(i, text, t) for i, text, targets in asks for t in targets]
+        gains = self.gains([t for _, _, t in pairs], [text for _, text, _ in pairs])
         best: dict[int, float] = {}
-        for (i, _), gain in zip(pairs, gains, strict=True):
+        for (i, _, _), gain in zip(pairs, gains, strict=True):
             best[i] = max(best.get(i, -math.inf), gain)
+        return best
+
+    def judge(self, items: Sequence[ProxyInput]) -> list[JudgeResult]:
+        controlled = [i for i, x in enumerate(items) if x.later and x.control is not None] if self.control else []
+        both = self._best([(i, x.turn_text, x.later or ()) for i, x in enumerate(items)]
+                          + [(-1 - i, items[i].control, items[i].later) for i in controlled])
         out = []
         for i, x in enumerate(items):
             if x.later is None:
                 out.append(JudgeResult(score=None, failure=NO_LATER_TURN))
-            elif i not in best:
+            elif i not in both:
                 out.append(JudgeResult(score=0.0, reason="no later gold turn shares a word with the turn"))
-            else:
-                out.append(JudgeResult(score=information_value(best[i], self.scale),
-                                       reason=f"best memory gain {best[i]:+.4f} nats per token over "
+            elif not self.control:
+                out.append(JudgeResult(score=information_value(both[i], self.scale),
+                                       reason=f"best memory gain {both[i]:+.4f} nats per token over "
                                               f"{len(x.later)} later gold turn(s)"))
+            elif x.control is None:
+                out.append(JudgeResult(score=None, failure=NO_CONTROL))
+            else:
+                gain = both[i] - both[-1 - i]
+                out.append(JudgeResult(score=information_value(gain, self.scale),
+                                       reason=f"best memory gain {both[i]:+.4f} less the control's "
+                                              f"{both[-1 - i]:+.4f} nats per token over {len(x.later)} later gold "
+                                              f"turn(s)"))
         return self._count(out)
 
 
-def reward_judges(source: str, *, judge: Any, generator: Any, scale: float) -> tuple[Any, Any]:
-    """(proxy judge, quality judge) of reward `source`: "judge" (the LLM judges on `judge`, the paper's) or
+def reward_judges(reward: RewardConfig, *, judge: Any, generator: Any) -> tuple[Any, Any]:
+    """(proxy judge, quality judge) of `reward.source`: "judge" (the LLM judges on `judge`, the paper's) or
     "likelihood" (this module's, on `generator`, the model that writes the replies)."""
-    if source == "judge":
+    if reward.source == "judge":
         return ProxyJudge(judge), QualityJudge(judge)
-    if source == "likelihood":
-        return LikelihoodProxyJudge(generator, scale=scale), LikelihoodQualityJudge(generator, scale=scale)
-    raise ValueError(f"rl.reward.source must be 'judge' or 'likelihood', got {source!r}")
+    if reward.source == "likelihood":
+        return (LikelihoodProxyJudge(generator, scale=reward.likelihood_scale, control=reward.likelihood_control),
+                LikelihoodQualityJudge(generator, scale=reward.likelihood_scale))
+    raise ValueError(f"rl.reward.source must be 'judge' or 'likelihood', got {reward.source!r}")
 
 
-__all__ = ["MATCH_ON", "NO_LATER_TURN", "NO_NEXT_TURN", "GoldTarget", "LikelihoodProxyJudge", "LikelihoodQualityJudge",
-           "information_value", "later_targets", "likelihood_score", "next_gold_turn", "reward_judges"]
+__all__ = ["NO_CONTROL", "NO_LATER_TURN", "NO_NEXT_TURN", "GoldTarget", "LikelihoodProxyJudge",
+           "LikelihoodQualityJudge", "control_texts", "information_value", "later_targets", "likelihood_score",
+           "next_gold_turn", "reward_judges"]

@@ -203,7 +203,8 @@ def test_judges_train_one_run_per_reward_model_and_score_all_with_the_config_jud
                          "reward_likelihood": {"kind": "offline"}}
     assert content["provenance"][local.name]["0"]["reward_model"] == {"source": "judge", **block}
     assert content["provenance"]["likelihood"]["0"]["reward_model"] == {
-        "source": "likelihood", "likelihood_scale": 0.1, "likelihood_later_turns": 2}
+        "source": "likelihood", "likelihood_scale": 0.1, "likelihood_later_turns": 2, "likelihood_match": "pair",
+        "likelihood_control": False}
     assert _mean(content, "offline", "BLEU-4") == _mean(content, "judge", "BLEU-4") == 1.0
     assert _mean(content, local.name, "BLEU-4") == 2.0
     config.experiments.judges = ("offline", str(local), str(tmp_path / "exp" / ".." / local.name))

@@ -17,9 +17,9 @@ from icml_jax.llm.judges import GoldTarget, ProxyInput, ProxyJudge, QualityInput
 from icml_jax.llm.prompts import TASK_CONDENSE, TASK_REPLY
 from icml_jax.llm.types import LoglikResponse, TokenUsage
 from icml_jax.rl.config import RewardConfig
-from icml_jax.rl.likelihood import (NO_LATER_TURN, NO_NEXT_TURN, LikelihoodProxyJudge, LikelihoodQualityJudge,
-                                    information_value, later_targets, likelihood_score, next_gold_turn,
-                                    reward_judges)
+from icml_jax.rl.likelihood import (NO_CONTROL, NO_LATER_TURN, NO_NEXT_TURN, LikelihoodProxyJudge,
+                                    LikelihoodQualityJudge, control_texts, information_value, later_targets,
+                                    likelihood_score, next_gold_turn, reward_judges)
 from tests.baselines.helpers import Recording
 from tests.rl.conftest import force_policies
 
@@ -109,20 +109,50 @@ def test_the_proxy_judge_scores_a_turn_by_the_later_gold_turns_it_would_help_pre
     assert information_value(0.03, 0.1) == pytest.approx(0.3) and information_value(-0.5, 0.1) == 0.0
 
 
+def test_the_calibrated_proxy_subtracts_a_control_texts_gain_on_the_same_later_turns():
+    backend = MemoryOverlap()
+    judge = LikelihoodProxyJudge(backend, scale=0.1, control=True)
+    later = later_targets(EPISODE, 0, NURSE, 2)
+    out = judge.judge([ProxyInput(NURSE, later=later, control="I like green tea."),  # the control gains nothing
+                       ProxyInput(NURSE, later=later, control="My sister is a nurse."),  # as much as the turn
+                       ProxyInput(NURSE, later=later),  # no control: unknown, masked
+                       ProxyInput(TIRED, later=later_targets(EPISODE, 1, TIRED, 2), control="x"),  # no word shared
+                       ProxyInput(HELLO, later=None, control="x")])
+    assert [r.score for r in out] == [1.0, 0.0, None, 0.0, None]
+    assert out[2].failure == NO_CONTROL and out[4].failure == NO_LATER_TURN
+    assert "less the control's +0.2000" in out[1].reason
+    assert judge.stats.failures == 2
+    plain = LikelihoodProxyJudge(MemoryOverlap(), scale=0.1).judge([ProxyInput(NURSE, later=later, control="nurse")])
+    assert plain[0].score == 1.0  # without `control` the control text is not read
+
+
+def test_a_control_is_the_closest_length_text_of_another_episode():
+    texts = ["one two three", "a b", "w x y z", "p q r"]
+    assert control_texts(texts, ["e1", "e1", "e2", "e2"]) == ["p q r", "p q r", "one two three", "one two three"]
+    assert control_texts(texts, ["e1", "e2", "e3", "e4"]) == ["p q r", "one two three", "one two three",
+                                                             "one two three"]  # ties: the first
+    assert control_texts(["a", "b"], ["e", "e"]) == [None, None] and control_texts([], []) == []
+
+
 def test_reward_judges_by_source_and_their_checks():
     offline = OfflineBackend()
-    proxy, quality = reward_judges("judge", judge=offline, generator=offline, scale=0.1)
+    proxy, quality = reward_judges(RewardConfig(), judge=offline, generator=offline)
     assert isinstance(proxy, ProxyJudge) and isinstance(quality, QualityJudge)
-    proxy, quality = reward_judges("likelihood", judge=offline, generator=MemoryOverlap(), scale=0.1)
+    proxy, quality = reward_judges(RewardConfig(source="likelihood", likelihood_scale=0.2, likelihood_control=True),
+                                   judge=offline, generator=MemoryOverlap())
     assert isinstance(proxy, LikelihoodProxyJudge) and isinstance(quality, LikelihoodQualityJudge)
+    assert proxy.control and proxy.scale == quality.scale == 0.2
+    assert not reward_judges(RewardConfig(source="likelihood"), judge=None, generator=MemoryOverlap())[0].control
     with pytest.raises(ValueError, match="the likelihood reward needs a back end that scores continuations"):
-        reward_judges("likelihood", judge=offline, generator=offline, scale=0.1)
-    with pytest.raises(ValueError, match="rl.reward.source must be 'judge' or 'likelihood'"):
-        reward_judges("bleu", judge=offline, generator=offline, scale=0.1)
+        reward_judges(RewardConfig(source="likelihood"), judge=offline, generator=offline)
     with pytest.raises(ValueError, match="RewardConfig.source must be one of"):
         RewardConfig(source="bleu")
     with pytest.raises(ValueError, match="likelihood_scale must be > 0"):
         RewardConfig(likelihood_scale=0.0)
+    with pytest.raises(ValueError, match="RewardConfig.likelihood_match must be one of"):
+        RewardConfig(likelihood_match="gold")
+    with pytest.raises(ValueError, match="RewardConfig.likelihood_control must be a bool"):
+        RewardConfig(likelihood_control=1)
 
 
 def test_the_learner_rewards_from_likelihoods_and_the_truth_reward_carries_the_later_gain(tmp_path, monkeypatch):
@@ -136,7 +166,7 @@ def test_the_learner_rewards_from_likelihoods_and_the_truth_reward_carries_the_l
     run = PersonaRunConfig()
     reward = dataclasses.replace(run.reward, source="likelihood", multi_trigger="max")
     base, tokenizer = build_learner(dataclasses.replace(run, reward=reward), tmp_path)
-    proxy, quality = reward_judges("likelihood", judge=None, generator=MemoryOverlap(), scale=0.1)
+    proxy, quality = reward_judges(reward, judge=None, generator=MemoryOverlap())
     generator = Recording()
     learner = OnlineLearner(base.policies, tokenizer, base.store, generator, proxy_judge=proxy,
                             quality_judge=quality, config=base.config)
@@ -154,6 +184,35 @@ def test_the_learner_rewards_from_likelihoods_and_the_truth_reward_carries_the_l
     assert nurse.r_qual_future == pytest.approx(likelihood_score(0.2, 0.1))  # recalled for WEEK
     assert nurse.reward == pytest.approx(1.0 - reward.save_cost + reward.truth_lambda * likelihood_score(0.2, 0.1))
     assert rewards["0/1/planner"].r_proxy == 0.0 and rewards["1/0/planner"].r_proxy == 0.0
+
+
+def test_the_learner_calibrates_the_proxy_with_another_episodes_turn_and_matches_as_configured(tmp_path, monkeypatch):
+    """likelihood_control: two copies of one conversation played in lockstep as two episodes, so each turn's
+    control is its copy's turn, which gains as much: every proxy is 0 (the nurse turn's is 1.0 uncalibrated).
+    Alone, a turn has no control: masked and counted. likelihood_match reaches later_targets."""
+    from icml_jax.experiments.persona_run import PersonaRunConfig, build_learner
+    from icml_jax.rl import learner as learner_module
+    from icml_jax.rl.learner import OnlineLearner
+
+    force_policies(monkeypatch, lambda cand_mask: np.zeros(cand_mask.shape[:-1], np.int32))  # recall nothing
+    matches = []
+    monkeypatch.setattr(learner_module, "later_targets",
+                        lambda *a, match: matches.append(match) or later_targets(*a, match=match))
+    run = PersonaRunConfig()
+    reward = dataclasses.replace(run.reward, source="likelihood", likelihood_control=True, likelihood_match="pair")
+    base, tokenizer = build_learner(dataclasses.replace(run, reward=reward, update_every=2), tmp_path)
+    proxy, quality = reward_judges(reward, judge=None, generator=MemoryOverlap())
+    learner = OnlineLearner(base.policies, tokenizer, base.store, Recording(), proxy_judge=proxy,
+                            quality_judge=quality, config=base.config)
+    copies = [Episode("test", name, tuple(Session(tuple(Turn("user", t.text) for t in s.turns))
+                                          for s in EPISODE.sessions)) for name in ("ep1", "ep2")]
+    outs = learner.run_episodes(copies)
+    assert sum(o.get("judge/proxy_failures", 0) for o in outs) == 4  # session 2 of each: no later turn
+    assert set(matches) == {"pair"} and len(matches) == 16
+    assert {s.r_proxy for s in learner.last_finalized if s.decision_id.endswith("planner")} == {0.0}
+    learner.run_episode(dataclasses.replace(copies[0], episode_id="ep3"))  # no update: the counts stay
+    # alone: the nurse turn (the one turn sharing a word with a later turn) has no control; the rest score 0
+    assert learner.proxy_judge.stats.failures == 4 + 2 + 1
 
 
 def test_the_evaluations_test_time_learner_never_sees_the_final_session():

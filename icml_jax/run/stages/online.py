@@ -83,8 +83,7 @@ def stage_online(run: Run) -> dict[str, Any]:
     with MemoryStore() as store, RunCheckpointer(run.workdir / CHECKPOINT_DIR, keep=int(spec.checkpoint.keep),
                                                  async_save=bool(spec.checkpoint.async_save)) as ckpt:
         reward = learner_cfg.reward
-        proxy_judge, quality_judge = reward_judges(reward.source, judge=judge, generator=generator,
-                                                   scale=reward.likelihood_scale)
+        proxy_judge, quality_judge = reward_judges(reward, judge=judge, generator=generator)
         learner = OnlineLearner(policies, tokenizer, store, generator, proxy_judge=proxy_judge,
                                 quality_judge=quality_judge, config=learner_cfg,
                                 update_mesh=update_mesh if parallel.model_mesh(policies) is not None else None)
