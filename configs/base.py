@@ -215,6 +215,7 @@ def get_config() -> ml_collections.ConfigDict:
                    "ld_agent", "a_mem", "memoryos", "theanine"),  # Table 1's rows
         table6_baselines=("memochat", "rsum", "comedy"),  # Table 6's rows (memory methods; not in Table 1)
         synthetic_scale=(0, 100, 250, 500, 1000),  # synthesized training episodes (Table 3)
+        ablations=(),  # Table 2's variants to run besides the full method (e.g. ("w/o evolution",)); empty: all
         lambdas=(0.3, 0.5, 0.7),  # truth-reward weights (Table 10)
         judges=("offline",),  # reward models for Tables 7 / 11 (`judges` trains with each, `rejudge` re-judges main's
         # replies): "offline", "generator", "judge" (the config's blocks) or a local model directory (a small local

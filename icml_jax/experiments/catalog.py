@@ -250,8 +250,12 @@ def ablation(ctx: Context) -> Report:
 
         return run
 
-    _rows(ctx, {"full": lambda s: ours(ctx, s)} | {n: variant(n) for n in ABLATIONS}, report)
-    report.notes += [f"{n}: {what}." for n, (what, _) in ABLATIONS.items()] + judge_notes(ctx.config)
+    names = tuple(ctx.exp("ablations", ())) or tuple(ABLATIONS)
+    unknown = [n for n in names if n not in ABLATIONS]
+    if unknown:
+        raise ValueError(f"experiments.ablations: unknown variant(s) {unknown}; known: {list(ABLATIONS)}")
+    _rows(ctx, {"full": lambda s: ours(ctx, s)} | {n: variant(n) for n in names}, report)
+    report.notes += [f"{n}: {ABLATIONS[n][0]}." for n in names] + judge_notes(ctx.config)
     return report
 
 

@@ -157,6 +157,14 @@ def test_ablation_variants_differ_where_they_should(workdir):
     updates = [json.loads(x) for x in (seed / "no_trigger" / "metrics.jsonl").read_text().splitlines()]
     assert all(r.get("update/decisions/trigger", 0) == 0 for r in updates)  # the rule is never trained
     assert any(r.get("update/decisions/planner", 0) > 0 for r in updates)
+    config = smoke_config()  # a subset: the named variants beside the full method, read back from their runs
+    config.experiments.ablations = ("w/o evolution",)
+    again = json.loads(run_experiment("ablation", config, workdir, [0], log=lambda line: None)["json"].read_text())
+    assert list(again["rows"]) == ["full", "w/o evolution"]
+    assert again["rows"]["w/o evolution"] == content["rows"]["w/o evolution"]
+    config.experiments.ablations = ("w/o evolution", "w/o memory")
+    with pytest.raises(ValueError, match=r"experiments.ablations: unknown variant\(s\) \['w/o memory'\]"):
+        run_experiment("ablation", config, workdir, [0], log=lambda line: None)
 
 
 def test_synthetic_scale_synthesizes_per_row(workdir):
