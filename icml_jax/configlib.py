@@ -88,9 +88,10 @@ def _kind_defaults(flat: dict[str, Any]) -> dict[str, Any]:
 def config_differences(stored: Mapping[str, Any], current: Mapping[str, Any],
                        ignore: tuple[str, ...] = ()) -> list[str]:
     """The dotted keys at which two configs (nested dicts, compared as JSON: tuples and lists alike) differ, a key
-    of ADDED_KEYS that `stored` lacks read as its value; keys starting with an `ignore` prefix are not compared."""
+    of ADDED_KEYS that `stored` lacks but `current` holds read as its value (a block neither holds, e.g. `eval` in
+    a run's stored config, is not compared); keys starting with an `ignore` prefix are not compared."""
     old, new = (_kind_defaults(flatten(json.loads(json.dumps(dict(c), default=str)))) for c in (stored, current))
-    old = {**ADDED_KEYS, **old}
+    old = {**{k: v for k, v in ADDED_KEYS.items() if k in new}, **old}
     return sorted(k for k in old.keys() | new.keys()
                   if old.get(k, "<absent>") != new.get(k, "<absent>") and not k.startswith(ignore))
 

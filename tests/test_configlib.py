@@ -45,6 +45,11 @@ def test_config_differences_compare_as_json_and_read_added_keys_as_their_default
     current["policy"]["remat"] = "full"
     current["a"]["d"] = 3
     assert config_differences(stored, current, ignore=("limits.",)) == ["a.d", "policy.remat"]
+    # a block that neither holds (a run's stored config has no `eval`): its added keys are not compared
+    run_stored, run_current = {"policy": {"seed": 0}}, {"policy": {"seed": 0, "remat": "none"}}
+    assert config_differences(run_stored, run_current) == []
+    assert config_differences(run_stored, {"policy": {"seed": 0, "remat": "full"}}) == ["policy.remat"]
+    assert config_differences(run_stored, {**run_current, "eval": {"memory_gain": True}}) == ["eval.memory_gain"]
 
 
 def test_a_back_end_blocks_structured_output_left_to_its_kind_equals_the_kinds_mode_spelt_out():
