@@ -342,9 +342,16 @@ class MemoryAgent:
         """The Planner's save decision for `utterance` and, when it saves, the stored memory. `label`: the turn's
         labels where the data has them (persona world: `fact`, `supersedes`), kept with the memory; only the
         offline back end reads them (to answer as a labelled writer would)."""
-        turn_input = TurnInput(user_id, utterance, tuple(history), episode_id, session, turn, label=label)
-        planner = self.decide_saves([turn_input])[0]
-        return planner, self._save([turn_input], [planner])[0]
+        return self.remember_many([TurnInput(user_id, utterance, tuple(history), episode_id, session, turn,
+                                             label=label)])[0]
+
+    def remember_many(self, turns: Sequence[TurnInput]) -> list[tuple[PlannerDecision, Fragment | None]]:
+        """`remember` for one turn of each of several users: one Planner forward pass, one back-end call for the
+        notes; the same decisions as one by one with greedy decisions (the keys are drawn per turn otherwise)."""
+        if len({t.user_id for t in turns}) != len(turns):
+            raise ValueError(f"MemoryAgent.remember_many: one turn per user, got users {[t.user_id for t in turns]}")
+        planners = self.decide_saves(turns)
+        return list(zip(planners, self._save(turns, planners), strict=True))
 
     def _saves(self, turns: Sequence[TurnInput], planners: Sequence[PlannerDecision]
                ) -> list[tuple[int, TurnToSave]]:

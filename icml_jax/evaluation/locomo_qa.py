@@ -34,6 +34,7 @@ from icml_jax.evaluation import locomo_scoring as scoring
 from icml_jax.evaluation.protocol import MemoryChoice
 from icml_jax.llm.offline import register_offline_answers
 from icml_jax.llm.types import LLMBackend, LLMRequest
+from icml_jax.rl.rollout import agent_turns, lockstep
 
 QA_JSONL = "qa.jsonl"
 TASK_LOCOMO_ANSWER = "locomo_answer"
@@ -107,6 +108,25 @@ def ingest(agent: Any, episode: Episode, *, user_speaker: str | None,
             history.append((turn.speaker, turn.text))
     texts = agent.memory_texts(user)
     return Ingested(turns, saved, len(texts), sum(count_tokens(x) for x in texts), ms)
+
+
+def ingest_together(agent: Any, episodes: Sequence[Episode], *, user_speaker: str | None,
+                    count_tokens: Callable[[str], int]) -> list[Ingested]:
+    """`ingest` for several episodes (distinct users) in lockstep: per tick, the next acted turn of each episode
+    still going, in one `memorize_many` call. Each user's memory is what `ingest` builds (the agent decides per
+    user, greedily); a tick's time is shared by its turns."""
+    if len({e.episode_id for e in episodes}) != len(episodes):
+        raise ValueError(f"ingest_together: one episode per user, got {[e.episode_id for e in episodes]}")
+    counts = [[0, 0, 0.0] for _ in episodes]  # turns, saved, ms
+    for tick in lockstep([agent_turns(e, user_speaker) for e in episodes]):
+        done = agent.memorize_many([(episodes[i].episode_id, episodes[i], s, t, hist) for i, s, t, hist in tick])
+        for (i, *_), (did, spent) in zip(tick, done, strict=True):
+            counts[i] = [counts[i][0] + 1, counts[i][1] + bool(did), counts[i][2] + spent]
+    out = []
+    for episode, (turns, saved, ms) in zip(episodes, counts, strict=True):
+        texts = agent.memory_texts(episode.episode_id)
+        out.append(Ingested(turns, saved, len(texts), sum(count_tokens(x) for x in texts), ms))
+    return out
 
 
 def with_speakers(episode: Episode) -> Episode:
@@ -262,30 +282,45 @@ def judge_rows(rows: list[dict[str, Any]], judge: LLMBackend) -> int:
     return bad
 
 
+def _groups(episodes: Sequence[Episode], size: int) -> list[list[Episode]]:
+    """Consecutive episodes in groups of at most `size` distinct users (a repeated user starts a new group)."""
+    groups: list[list[Episode]] = []
+    for episode in episodes:
+        if not groups or len(groups[-1]) >= size or any(e.episode_id == episode.episode_id for e in groups[-1]):
+            groups.append([])
+        groups[-1].append(episode)
+    return groups
+
+
 def play_qa(agent: Any, episodes: Sequence[Episode], generator: LLMBackend, *, user_speaker: str | None,
             count_tokens: Callable[[str], int],
             answered: Callable[[Episode, list[QAItem]], Sequence[bool]] | None = None,
             seed: int = 0, progress: Callable[[Sequence[Episode]], Any] = iter
             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The protocol over `episodes` (see the module docstring) for `agent` (None: the evidence oracle, which
-    ingests nothing): (question rows, per-conversation ingestion records). Every question is recalled for;
+    ingests nothing): (question rows, per-conversation ingestion records). An agent with `memorize_many` and
+    `lockstep` > 1 builds the memories of that many conversations together (`ingest_together`; `progress` then
+    counts groups), then answers each in order. Every question is recalled for;
     `answered(episode, items)` marks the ones the generator answers (default: all). The agent sees each episode
     without its questions, answers, evidence and annotations (`without_labels`; a LongMemEval episode also without
     its turns' `has_answer` and its sessions' ids), each turn as "speaker: text" (`with_speakers`)."""
     rows, ingested = [], []
-    for episode in progress(episodes):
-        items = qa_items(episode)
-        if agent is None:
-            recalled = [Recalled(oracle_choice(episode, item), 0.0) for item in items]
-        else:
+    size = int(getattr(agent, "lockstep", 1)) if hasattr(agent, "memorize_many") else 1
+    for group in progress(_groups(episodes, size)):
+        seen = [with_speakers(longmemeval.without_labels(e) if e.dataset == longmemeval.DATASET
+                              else without_labels(e)) for e in group]
+        if agent is not None:
             agent.reset()
-            seen = with_speakers(longmemeval.without_labels(episode) if episode.dataset == longmemeval.DATASET
-                                 else without_labels(episode))
-            built = ingest(agent, seen, user_speaker=user_speaker, count_tokens=count_tokens)
-            ingested.append({"sample_id": episode.episode_id, **dataclasses.asdict(built)})
-            recalled = recall(agent, seen, items)
-        marks = answered(episode, items) if answered is not None else None
-        rows += answer_rows(episode, items, recalled, generator, answered=marks, seed=seed)
+            built = (ingest_together(agent, seen, user_speaker=user_speaker, count_tokens=count_tokens)
+                     if size > 1 else [ingest(agent, seen[0], user_speaker=user_speaker, count_tokens=count_tokens)])
+            ingested += [{"sample_id": e.episode_id, **dataclasses.asdict(b)} for e, b in zip(group, built,
+                                                                                          strict=True)]
+        for episode, shown in zip(group, seen, strict=True):
+            items = qa_items(episode)
+            recalled = ([Recalled(oracle_choice(episode, item), 0.0) for item in items] if agent is None
+                        else recall(agent, shown, items))
+            marks = answered(episode, items) if answered is not None else None
+            rows += answer_rows(episode, items, recalled, generator, answered=marks, seed=seed)
     for row in rows:
         row["memory_tokens_shown"] = count_tokens(row["memory"]) if row["memory"] else 0
     return rows, ingested
@@ -297,5 +332,5 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 __all__ = ["ABSTAIN_HINT", "ANSWER_SYSTEM", "NOT_MENTIONED", "QA_JSONL", "TASK_LOCOMO_ANSWER", "Ingested", "QAItem",
-           "Recalled", "answer_request", "answer_rows", "ingest", "judge_rows", "locomo_items", "oracle_choice",
+           "Recalled", "answer_request", "answer_rows", "ingest", "ingest_together", "judge_rows", "locomo_items", "oracle_choice",
            "play_qa", "qa_items", "reached", "recall", "session_dates", "summary", "with_speakers"]

@@ -139,6 +139,16 @@ class PolicyAgent:
                                          turn=turn)
         return planner.save, 1e3 * (time.perf_counter() - start)
 
+    def memorize_many(self, items):
+        """`memorize` for one turn of each of several users (user, episode, session, turn, history) in one batched
+        Planner step (`MemoryAgent.remember_many`); each turn's time is the step's share."""
+        start = time.perf_counter()
+        turns = [TurnInput(user, episode.sessions[s].turns[t].text, tuple(history), episode.episode_id, s, t,
+                           label=memory_label(episode.sessions[s].turns[t])) for user, episode, s, t, history in items]
+        saved = [planner.save for planner, _ in self.agent.remember_many(turns)]
+        ms = 1e3 * (time.perf_counter() - start) / max(1, len(items))
+        return [(did, ms) for did in saved]
+
     def recall_questions(self, user_id, episode, questions):
         """The memory the Trigger picks for each question asked after the episode's last session (the question
         as the user turn, no dialogue), in one forward pass; no memory changes."""
@@ -219,6 +229,16 @@ class LearningAgent(PolicyAgent):
         start = time.perf_counter()
         (receipt,) = self.learner.step_turns([(episode, user_id, session, turn, tuple(history))])
         return receipt.planner.save, 1e3 * (time.perf_counter() - start)
+
+    def memorize_many(self, items):
+        """`memorize` for one turn of each of several users (user, episode, session, turn, history) in one batched
+        Planner step (`MemoryAgent.remember_many`); each turn's time is the step's share."""
+        start = time.perf_counter()
+        turns = [TurnInput(user, episode.sessions[s].turns[t].text, tuple(history), episode.episode_id, s, t,
+                           label=memory_label(episode.sessions[s].turns[t])) for user, episode, s, t, history in items]
+        saved = [planner.save for planner, _ in self.agent.remember_many(turns)]
+        ms = 1e3 * (time.perf_counter() - start) / max(1, len(items))
+        return [(did, ms) for did in saved]
 
     def recall_questions(self, user_id, episode, questions):
         """The conversation is over: the update its decisions wait for, then the greedy Trigger's recall."""

@@ -164,7 +164,7 @@ def run_system(config: ml_collections.ConfigDict, settings: LocomoSettings, out_
             agent.name = system
         rows, ingested = play_qa(agent, list(episodes), writer, user_speaker=settings.user_speaker,
                                  count_tokens=count, answered=answered_selector(settings), seed=settings.question_seed,
-                                 progress=lambda xs: tqdm(xs, desc=f"locomo {system}", unit="conv", leave=False))
+                                 progress=lambda xs: tqdm(xs, desc=f"locomo {system}", unit="group", leave=False))
     unusable = judge_rows(rows, judge) if settings.judge else 0
     with (out_dir / QA_JSONL).open("w", encoding="utf-8") as f:
         for row in rows:

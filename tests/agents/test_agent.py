@@ -242,3 +242,50 @@ def test_agent_config_from_a_learner_block_takes_each_missing_key_from_the_datac
     assert (got.reply_max_tokens, got.note_max_tokens) == (9, defaults.note_max_tokens)
     with pytest.raises(ValueError, match="supersede_candidates must be an int >= 0"):
         AgentConfig.from_config({"supersede_candidates": -1}, view)
+
+
+def test_remember_many_decides_and_stores_per_user_as_one_by_one(policies, tokenizer):
+    """One Planner pass for a turn of each of several users: per user, the decisions, probabilities and stored
+    memories of remembering the turns one by one (greedy); one turn per user per call."""
+    from icml_jax.agents.agent import TurnInput
+
+    cfg = AgentConfig(observation=CFG.observation, greedy=True, reply_max_tokens=8)
+    lines = {"a": ["i like my dog", "my dog is rex", "rex is ill"], "b": ["i am vegan", "no meat please"],
+             "c": ["hello", "i live in oslo", "oslo is cold", "i ski"]}
+    one, many = (MemoryAgent(policies, tokenizer, MemoryStore(), OfflineBackend(), config=cfg, seed=0)
+                 for _ in range(2))
+    alone = {u: [one.remember(u, x, episode_id=u, turn=t)[0] for t, x in enumerate(xs)] for u, xs in lines.items()}
+    together: dict[str, list] = {u: [] for u in lines}
+    for t in range(4):
+        turns = [TurnInput(u, xs[t], (), u, 0, t) for u, xs in lines.items() if t < len(xs)]
+        for turn, (planner, fragment) in zip(turns, many.remember_many(turns), strict=True):
+            together[turn.user_id].append(planner)
+            assert (fragment is not None) == planner.save
+    for u in lines:
+        assert [p.save for p in together[u]] == [p.save for p in alone[u]]
+        np.testing.assert_allclose([p.prob_save for p in together[u]], [p.prob_save for p in alone[u]], atol=1e-5)
+        assert [f.text for f in many.store.fragments(u)] == [f.text for f in one.store.fragments(u)]
+    with pytest.raises(ValueError, match="one turn per user"):
+        many.remember_many([TurnInput("a", "x"), TurnInput("a", "y")])
+
+
+def test_the_policy_agent_ingests_locomo_conversations_in_lockstep_as_one_by_one(policies, tokenizer):
+    """`PolicyAgent.memorize_many` under LoCoMo's protocol: two fixture conversations built together give the
+    rows and memories of building them one after the other."""
+    from pathlib import Path
+
+    from icml_jax.data.sources.locomo import parse_locomo
+    from icml_jax.evaluation.locomo_qa import play_qa
+    from icml_jax.evaluation.protocol import PolicyAgent
+
+    conversations = list(parse_locomo(Path(__file__).parents[1] / "data" / "fixtures" / "locomo" / "locomo10.json"))
+    cfg = AgentConfig(observation=CFG.observation, greedy=True, reply_max_tokens=8)
+    out = []
+    for lockstep in (1, 2):
+        agent = PolicyAgent(MemoryAgent(policies, tokenizer, MemoryStore(), OfflineBackend(), config=cfg, seed=0),
+                            lockstep=lockstep)
+        rows, ingested = play_qa(agent, conversations, OfflineBackend(), user_speaker=None,
+                                 count_tokens=lambda x: len(x.split()))
+        out.append(([{k: v for k, v in r.items() if not k.endswith("_ms")} for r in rows],
+                    [{k: v for k, v in i.items() if k != "construction_ms"} for i in ingested]))
+    assert out[0] == out[1] and len(out[0][1]) == 2

@@ -71,6 +71,46 @@ def test_only_the_answered_questions_reach_the_generator_and_every_one_is_recall
     assert summary["overall"]["count"] == sum(r["category"] != 5 for r in rows)
 
 
+class PerUserRecall(WordRecall):
+    """WordRecall with one memory per user and a batched `memorize_many` (logged): an agent that ingests in
+    lockstep when `lockstep` > 1."""
+
+    def __init__(self, lockstep: int) -> None:
+        super().__init__()
+        self.lockstep, self.by_user, self.ticks = lockstep, {}, []
+
+    def reset(self) -> None:
+        self.by_user = {}
+
+    def memorize(self, user, episode, session, turn, history):
+        self.seen.append(episode)
+        self.by_user.setdefault(user, []).append((session, turn, episode.sessions[session].turns[turn].text))
+        return "I" in episode.sessions[session].turns[turn].text, 2.0
+
+    def memorize_many(self, items):
+        self.ticks.append(tuple(user for user, *_ in items))
+        return [self.memorize(*item) for item in items]
+
+    def recall_questions(self, user, episode, asked):
+        self.turns = self.by_user.get(user, [])
+        return super().recall_questions(user, episode, asked)
+
+    def memory_texts(self, user):
+        return [x for _, _, x in self.by_user.get(user, [])]
+
+
+def test_conversations_ingested_in_lockstep_give_the_rows_of_one_by_one(conversations):
+    alone, together = PerUserRecall(1), PerUserRecall(2)
+    rows, ingested = play_qa(alone, conversations, Recording(), user_speaker=None, count_tokens=count_words)
+    rows2, ingested2 = play_qa(together, conversations, Recording(), user_speaker=None, count_tokens=count_words)
+    assert rows2 == [dict(r, retrieval_ms=r2["retrieval_ms"], answer_ms=r2["answer_ms"])
+                     for r, r2 in zip(rows, rows2, strict=True)]
+    assert ingested2 == ingested and not alone.ticks
+    lengths = {e.episode_id: sum(len(s.turns) for s in e.sessions) for e in conversations}
+    assert len(lengths) == 2 and together.ticks == [tuple(u for u, n in lengths.items() if k < n)
+                                                    for k in range(max(lengths.values()))]  # each tick: all going
+
+
 def test_adversarial_questions_are_a_seeded_choice_against_not_mentioned(conversations):
     items = [i for i in locomo_items(conversations[0]) if i.category == 5]
     for item in items:
