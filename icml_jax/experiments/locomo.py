@@ -25,6 +25,7 @@ from typing import Any
 import ml_collections
 
 from icml_jax.baselines import baseline_factory
+from icml_jax.configlib import config_differences
 from icml_jax.data.sources.locomo import parse_locomo
 from icml_jax.data.sources.longmemeval import parse_longmemeval
 from icml_jax.evaluate import EvalContext, build_tokenizer, policy_factory
@@ -144,7 +145,7 @@ def run_system(config: ml_collections.ConfigDict, settings: LocomoSettings, out_
     done = out_dir / RESULTS
     if done.is_file():
         content = json.loads(done.read_text(encoding="utf-8"))
-        if _comparable(content.get("setting") or {}) == _comparable(json.loads(json.dumps(setting))):
+        if _same_setting(content.get("setting") or {}, json.loads(json.dumps(setting))):
             return content
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(config, policy_dir or out_dir)
@@ -183,6 +184,15 @@ def _comparable(setting: Mapping[str, Any]) -> dict[str, Any]:
     out.get("locomo", {}).pop("systems", None)
     ((out.get("config") or {}).get("experiments") or {}).get("locomo", {}).pop("systems", None)
     return out
+
+
+def _same_setting(stored: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
+    """Whether a system's stored results were written for `current`: the LoCoMo settings, system and policy
+    equal, the configs without differences (`config_differences`: keys added since read as their old value; the
+    experiments block, whose LoCoMo part is the settings, not compared)."""
+    old, new = _comparable(stored), _comparable(current)
+    configs = old.pop("config", None) or {}, new.pop("config", None) or {}
+    return old == new and not config_differences(*configs, ignore=("experiments.",))
 
 
 def read_rows(out_dir: Path) -> list[dict[str, Any]]:

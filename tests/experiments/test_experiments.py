@@ -321,9 +321,19 @@ def test_locomo_asks_every_system_every_question_and_tests_them_in_pairs(workdir
     assert json.loads(run_experiment("locomo", config, workdir, [0], log=lambda line: None)["json"].read_text(
         encoding="utf-8"))["rows"] == content["rows"]
     config.experiments.locomo.systems = systems[1:3]  # fewer systems: each one's results are still read back
+    stored = workdir / "seed0" / "locomo_dense@1" / "results.json"  # written before rl.reward.likelihood_control
+    original = stored.read_text(encoding="utf-8")
+    old = json.loads(original)  # and experiments.ablations existed
+    del old["setting"]["config"]["rl"]["reward"]["likelihood_control"], old["setting"]["config"]["experiments"]
+    stored.write_text(json.dumps(old), encoding="utf-8")
     again = json.loads(run_experiment("locomo", config, workdir, [0], log=lambda line: None)["json"].read_text(
         encoding="utf-8"))["rows"]
     assert again == {name: content["rows"][name] for name in systems[1:3]}
+    old["setting"]["config"]["rl"]["reward"]["likelihood_control"] = True  # a real difference: played again
+    stored.write_text(json.dumps(old), encoding="utf-8")
+    with pytest.raises(pytest.fail.Exception, match="a rerun plays nothing again"):
+        run_experiment("locomo", config, workdir, [0], log=lambda line: None)
+    stored.write_text(original, encoding="utf-8")
 
 
 def test_ours_online_learns_from_locomos_sessions_and_never_sees_a_question_answer_or_evidence(workdir, monkeypatch):
