@@ -149,9 +149,14 @@ def oracle_choice(episode: Episode, item: QAItem) -> MemoryChoice:
 def reached(episode: Episode, choice: MemoryChoice) -> tuple[list[str], list[int]]:
     """The dia_ids (in order, deduplicated) and 1-based session numbers of the turns whose memory reached the
     prompt (a memory counts through its source turns)."""
+    return _dia_ids(episode, choice.all_refs)
+
+
+def _dia_ids(episode: Episode, refs: Sequence[tuple[str, int, int]]) -> tuple[list[str], list[int]]:
+    """The dia_ids (in order, deduplicated) and 1-based session numbers of the turns `refs` point at."""
     ids: dict[str, None] = {}
     sessions: dict[int, None] = {}
-    for _, s, t in choice.all_refs:
+    for _, s, t in refs:
         dia_id = episode.sessions[s].turns[t].meta.get("dia_id", f"D{s + 1}:{t + 1}")
         ids[str(dia_id)] = None
         sessions[s + 1] = None
@@ -240,6 +245,7 @@ def answer_rows(episode: Episode, items: Sequence[QAItem], recalled: Sequence[Re
     answer_ms = 1e3 * (time.perf_counter() - start) / max(1, len(requests))
     rows = []
     for i, (item, r, (ids, sessions)) in enumerate(zip(items, recalled, reach, strict=True)):
+        offered = None if r.choice.offered is None else _dia_ids(episode, r.choice.offered)[0]
         answer = answers.get(i)
         prediction = answer.text.strip() if answer is not None else None
         gold = item.answer if item.answer is not None else ""
@@ -254,6 +260,8 @@ def answer_rows(episode: Episode, items: Sequence[QAItem], recalled: Sequence[Re
             "bleu1": scoring.bleu1(prediction, gold) if scored and item.category != 5 else None,
             "mem0_f1": scoring.mem0_f1(prediction, gold) if scored and item.category != 5 else None,
             "evidence_recall": scoring.evidence_recall(item.evidence_ids, ids),
+            "offered": offered,  # the memories a choosing policy picked among (None: the agent does not choose)
+            "offered_recall": None if offered is None else scoring.evidence_recall(item.evidence_ids, offered),
             "session_recall": (scoring.evidence_session_recall(item.evidence_sessions, sessions)
                                if item.evidence_sessions else scoring.session_recall(item.evidence_ids, sessions)),
             "judge": None,

@@ -271,7 +271,7 @@ register_offline_answers([TASK_LOCOMO_JUDGE], _offline_verdict)
 
 
 # The summary table.
-_MEANS = ("f1", "bleu1", "mem0_f1", "judge", "evidence_recall", "session_recall", "prompt_tokens")
+_MEANS = ("f1", "bleu1", "mem0_f1", "judge", "evidence_recall", "offered_recall", "session_recall", "prompt_tokens")
 _LATENCIES = ("retrieval_ms", "answer_ms")
 
 
@@ -297,8 +297,8 @@ def _group(rows: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any]:
 
 def summarize(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per-category tables ("1".."4"), "overall" (every question of categories 1-4, i.e. count-weighted) and "5"
-    apart, from per-question rows (category, f1, bleu1, mem0_f1, judge, evidence_recall, session_recall,
-    prompt_tokens, retrieval_ms, answer_ms)."""
+    apart, from per-question rows (category, f1, bleu1, mem0_f1, judge, evidence_recall, offered_recall,
+    session_recall, prompt_tokens, retrieval_ms, answer_ms)."""
     by_category: dict[int, list[Mapping[str, Any]]] = {c: [] for c in CATEGORY_NAMES}
     for row in rows:
         category = row.get("category")

@@ -40,6 +40,8 @@ class MemoryChoice:
     prob: float | None  # the policy's probability of this choice; None for agents without one
     refs: tuple[tuple[str, int, int], ...] = ()  # agents that put several memories (or whole sessions) in the
     # reply's prompt: the source turns of all of them; empty = just `ref`
+    offered: tuple[tuple[str, int, int], ...] | None = None  # a policy that picks one of several memories (ours'
+    # Trigger): the source turns of the memories it chose among; None for agents that do not choose
 
     @property
     def all_refs(self) -> tuple[tuple[str, int, int], ...]:
@@ -151,10 +153,14 @@ class PolicyAgent:
 
     def recall_questions(self, user_id, episode, questions):
         """The memory the Trigger picks for each question asked after the episode's last session (the question
-        as the user turn, no dialogue), in one forward pass; no memory changes."""
+        as the user turn, no dialogue), in one forward pass, with the memories it chose among (`offered`); no
+        memory changes."""
         after = len(episode.sessions)
         turns = [TurnInput(user_id, q, (), episode.episode_id, after, i) for i, q in enumerate(questions)]
-        return [self._choice(decision, used) for decision, used in self.agent.choose_memories(turns)]
+        store = self.agent.store
+        return [dataclasses.replace(self._choice(decision, used),
+                                    offered=tuple(store.get(user_id, fid).ref for fid in decision.candidate_ids))
+                for decision, used in self.agent.choose_memories(turns)]
 
     def answer(self, user_id, episode, targets, histories):
         chosen, items = [], []

@@ -214,7 +214,8 @@ def paired(rows: Sequence[Mapping[str, Any]], against: Sequence[Mapping[str, Any
 
 COLUMNS = {"f1_1": "F1 multi-hop (1)", "f1_2": "F1 temporal (2)", "f1_3": "F1 open-dom. (3)",
            "f1_4": "F1 single-hop (4)", "f1": "F1 (1-4)", "bleu1": "B1 (1-4)", "judge": "J (1-4)",
-           "evidence_recall": "Ev. recall", "session_recall": "Sess. recall", "adversarial": "Adv. (5)",
+           "evidence_recall": "Ev. recall", "offered_recall": "Offered recall", "session_recall": "Sess. recall",
+           "adversarial": "Adv. (5)",
            "prompt_tokens": "prompt tok", "retrieval_p95": "retr. p95 ms"}
 
 
@@ -222,8 +223,8 @@ def table_row(summary: Mapping[str, Any]) -> dict[str, Any]:
     """The table's numbers of one system's summary (`locomo_scoring.summarize`)."""
     overall = summary["overall"]
     row = {f"f1_{c}": summary[str(c)]["f1"] for c in (1, 2, 3, 4)}
-    row.update({k: overall[k] for k in ("f1", "bleu1", "judge", "evidence_recall", "session_recall",
-                                        "prompt_tokens")})
+    row.update({k: overall.get(k) for k in ("f1", "bleu1", "judge", "evidence_recall", "offered_recall",
+                                            "session_recall", "prompt_tokens")})
     row["adversarial"] = summary["5"]["f1"]
     row["retrieval_p95"] = overall["retrieval_ms_p95"]
     return row
@@ -270,7 +271,9 @@ def locomo_report(ctx: Any, ours_policy: Callable[[int], Path]) -> Report:
         "smoothing 1, the Mem0 paper's tokens); categories 1-4 pooled, adversarial (5) apart: the share answered "
         "'not mentioned'.",
         "Ev. recall: the share of a question's evidence turns whose memory reached the answer prompt (questions "
-        "with evidence only); Sess. recall: the same by session.",
+        "with evidence only); Sess. recall: the same by session; Offered recall: the same over the memories the "
+        "Trigger chose among (its candidates after the prefilter; '-' for systems that do not choose), so Offered "
+        "minus Ev. recall is what the choice lost.",
         f"Notes: {notes}.",
         f"The setting's data ({ctx.config.data.name}) is what ours was trained on; every system reads LoCoMo.",
     ]

@@ -269,17 +269,20 @@ def test_remember_many_decides_and_stores_per_user_as_one_by_one(policies, token
         many.remember_many([TurnInput("a", "x"), TurnInput("a", "y")])
 
 
-def test_the_policy_agent_ingests_locomo_conversations_in_lockstep_as_one_by_one(policies, tokenizer):
+@pytest.mark.parametrize("planner_rule", ["policy", "save_all"])
+def test_the_policy_agent_ingests_locomo_conversations_in_lockstep_as_one_by_one(policies, tokenizer, planner_rule):
     """`PolicyAgent.memorize_many` under LoCoMo's protocol: two fixture conversations built together give the
-    rows and memories of building them one after the other."""
+    rows and memories of building them one after the other (the tiny Planner's greedy decisions; every turn
+    saved, so the Trigger has memories to choose among, whose source turns each row records)."""
     from pathlib import Path
 
     from icml_jax.data.sources.locomo import parse_locomo
+    from icml_jax.evaluation import locomo_scoring as scoring
     from icml_jax.evaluation.locomo_qa import play_qa
     from icml_jax.evaluation.protocol import PolicyAgent
 
     conversations = list(parse_locomo(Path(__file__).parents[1] / "data" / "fixtures" / "locomo" / "locomo10.json"))
-    cfg = AgentConfig(observation=CFG.observation, greedy=True, reply_max_tokens=8)
+    cfg = AgentConfig(observation=CFG.observation, greedy=True, reply_max_tokens=8, planner_rule=planner_rule)
     out = []
     for lockstep in (1, 2):
         agent = PolicyAgent(MemoryAgent(policies, tokenizer, MemoryStore(), OfflineBackend(), config=cfg, seed=0),
@@ -289,3 +292,9 @@ def test_the_policy_agent_ingests_locomo_conversations_in_lockstep_as_one_by_one
         out.append(([{k: v for k, v in r.items() if not k.endswith("_ms")} for r in rows],
                     [{k: v for k, v in i.items() if k != "construction_ms"} for i in ingested]))
     assert out[0] == out[1] and len(out[0][1]) == 2
+    for row in out[0][0]:  # the Trigger's candidates are recorded: what it chose among, what it chose
+        assert len(row["offered"]) <= CFG.observation.max_candidates and set(row["reached"]) <= set(row["offered"])
+        if row["evidence_recall"] is not None:
+            assert row["offered_recall"] == scoring.evidence_recall(row["evidence"], row["offered"])
+            assert row["offered_recall"] >= row["evidence_recall"]
+    assert planner_rule == "policy" or all(row["offered"] for row in out[0][0])

@@ -47,6 +47,7 @@ def test_an_agent_sees_no_label_and_its_memorys_source_turns_are_what_reached(co
     assert [i["turns"] for i in ingested] == [sum(len(s.turns) for s in e.sessions) for e in conversations]
     pottery = next(r for r in rows if r["question"] == "When did Ann go to a pottery class?")
     assert pottery["reached"] == ["D1:1"] and pottery["reached_sessions"] == [1]
+    assert all(r["offered"] is None and r["offered_recall"] is None for r in rows)  # it does not choose
     assert pottery["evidence_recall"] == 1.0 and pottery["session_recall"] == 1.0
     (request,) = [r for r in generator.requests if r.metadata["question_id"] == pottery["question_id"]]
     assert "session 1: 1:56 pm on 8 May, 2023" in request.prompt and TEMPORAL_HINT in request.prompt

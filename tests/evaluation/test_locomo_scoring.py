@@ -308,14 +308,14 @@ def test_offline_backend_answers_the_judge():
 
 # --- the summary ---------------------------------------------------------------------------------------------
 
-KEYS = ("category", "f1", "bleu1", "mem0_f1", "judge", "evidence_recall", "session_recall", "prompt_tokens",
-        "retrieval_ms", "answer_ms")
+KEYS = ("category", "f1", "bleu1", "mem0_f1", "judge", "evidence_recall", "offered_recall", "session_recall",
+        "prompt_tokens", "retrieval_ms", "answer_ms")
 ROWS = [dict(zip(KEYS, values)) for values in [
-    (1, 0.5, 0.25, 0.5, True, 1.0, 1.0, 100, 10, 100),
-    (1, 1.0, 0.75, 0.0, False, 0.5, 1.0, 200, 20, 300),
-    (2, 0.0, 0.0, 0.25, None, None, None, 300, 30, 200),
-    (4, 0.25, 0.5, 0.5, True, 0.0, 0.5, 400, 40, 400),
-    (5, 1.0, 0.0, 0.0, None, None, None, 50, 5, 50),
+    (1, 0.5, 0.25, 0.5, True, 1.0, 1.0, 1.0, 100, 10, 100),
+    (1, 1.0, 0.75, 0.0, False, 0.5, 1.0, 1.0, 200, 20, 300),
+    (2, 0.0, 0.0, 0.25, None, None, None, None, 300, 30, 200),
+    (4, 0.25, 0.5, 0.5, True, 0.0, None, 0.5, 400, 40, 400),
+    (5, 1.0, 0.0, 0.0, None, None, None, None, 50, 5, 50),
 ]]
 
 
@@ -324,7 +324,8 @@ def test_summarize_known_rows():
     assert list(table) == ["1", "2", "3", "4", "overall", "5"]
     assert table["1"] == {
         "name": "multi-hop", "count": 2, "f1": 0.75, "bleu1": 0.5, "mem0_f1": 0.25, "judge": 0.5,
-        "evidence_recall": 0.75, "session_recall": 1.0, "prompt_tokens": 150.0, "judged": 2, "with_evidence": 2,
+        "evidence_recall": 0.75, "offered_recall": 1.0, "session_recall": 1.0, "prompt_tokens": 150.0, "judged": 2,
+        "with_evidence": 2,
         "retrieval_ms_p50": 15.0, "retrieval_ms_p95": pytest.approx(19.5), "answer_ms_p50": 200.0,
         "answer_ms_p95": pytest.approx(290.0)}
     assert table["2"]["judge"] is None and table["2"]["judged"] == 0
@@ -332,7 +333,7 @@ def test_summarize_known_rows():
     assert table["2"]["retrieval_ms_p50"] == table["2"]["retrieval_ms_p95"] == 30.0
     assert table["3"] == {"name": "open-domain", "count": 0, "judged": 0, "with_evidence": 0,
                           **{k: None for k in ("f1", "bleu1", "mem0_f1", "judge", "evidence_recall",
-                                               "session_recall", "prompt_tokens", "retrieval_ms_p50",
+                                               "offered_recall", "session_recall", "prompt_tokens", "retrieval_ms_p50",
                                                "retrieval_ms_p95", "answer_ms_p50", "answer_ms_p95")}}
     overall = table["overall"]  # the 4 questions of categories 1-4, each weighing the same
     assert overall["count"] == 4
@@ -341,6 +342,7 @@ def test_summarize_known_rows():
     assert overall["mem0_f1"] == 0.3125
     assert overall["judge"] == pytest.approx(2 / 3) and overall["judged"] == 3
     assert overall["evidence_recall"] == 0.5 and overall["with_evidence"] == 3
+    assert overall["offered_recall"] == 1.0  # a system that does not choose (None) weighs nothing
     assert overall["session_recall"] == pytest.approx(2.5 / 3)
     assert overall["prompt_tokens"] == 250.0
     assert overall["retrieval_ms_p50"] == 25.0 and overall["retrieval_ms_p95"] == pytest.approx(38.5)
