@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,52 +87,19 @@ def export_hf(
     if tokenizer_dir is not None and not any((Path(tokenizer_dir) / f).is_file() for f in TOKENIZER_FILES):
         raise FileNotFoundError(f"no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...) in {tokenizer_dir}")
     tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else base_dir
-    decoder_config = model.config
-    table = hf_layout.layout(decoder_config)
-    params = dict(nnx.to_flat_state(nnx.state(model, lora.FROZEN)))
-    unknown = [p for p in params if p not in table]
-    if unknown:
-        shown = ["/".join(map(str, p)) for p in unknown[:6]]
-        raise ValueError(f"export: parameters with no Hugging Face name: {shown}")
-    first = next(iter(params.values())).get_raw_value()
-    np_dtype = np.dtype(jnp.dtype(dtype if dtype is not None else first.dtype))
-    if np_dtype not in _HF_DTYPE_NAMES:
-        raise ValueError(f"export dtype must be float32, bfloat16 or float16, got {np_dtype}")
+    table = hf_layout.layout(model.config)
+    specs, np_dtype = _tensor_specs(model, table, dtype)
     hf = hf_config_for_export(json.loads(config_file.read_text()), _HF_DTYPE_NAMES[np_dtype])
-
-    layers = decoder_config.num_layers
-    names = {path: [hf_layout.full_name(n, "model.") for n in (
-        hf_layout.layer_names(table[path][0], layers) if hf_layout.is_stacked(path) else [table[path][0]])]
-        for path in params}
-    specs = [TensorSpec(name, np_dtype, hf_layout.hf_shape(table[p][1], v.shape[1:] if hf_layout.is_stacked(p)
-                                                           else v.shape))
-             for p, v in params.items() for name in names[p]]
     sizes = [(spec.name, spec.nbytes) for spec in specs]
     shards = _plan_shards(sizes, max_shard_bytes)
     files = (["model.safetensors"] if len(shards) == 1 else
              [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
-
-    def hf_tensors() -> Iterator[np.ndarray]:
-        """Each HF tensor in `specs` order, merged, gathered (on every process) and laid out one at a time."""
-        for path, value in lora.iter_merged_params(model):
-            array = to_host(value).astype(np_dtype)
-            for piece in (list(array) if hf_layout.is_stacked(path) else [array]):
-                yield hf_layout.ours_to_hf(table[path][1], piece)
-
     writer = jax.process_index() == 0
     if writer:
         out_dir.mkdir(parents=True, exist_ok=True)
         for stale in list(out_dir.glob("model*.safetensors")) + list(out_dir.glob("model.safetensors.index.json")):
             stale.unlink()
-    produced, start = hf_tensors(), 0
-    for file, shard in zip(files, shards, strict=True):
-        pieces = itertools.islice(produced, len(shard))
-        if writer:
-            write_safetensors(out_dir / file, specs[start:start + len(shard)], pieces, {"format": "pt"})
-        else:  # the other processes take part in every gather and write nothing
-            for _ in pieces:
-                pass
-        start += len(shard)
+    _write_shards(out_dir, files, shards, specs, _hf_tensors(model, table, np_dtype), writer=writer)
     if writer:
         if len(files) > 1:
             file_of = {name: files[i] for i, shard in enumerate(shards) for name in shard}
@@ -147,6 +114,50 @@ def export_hf(
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("icml_jax.export_hf")
     return out_dir
+
+
+def _tensor_specs(model: nnx.Module, table: Mapping[Any, Any], dtype: Any) -> tuple[list[TensorSpec], np.dtype]:
+    """The HF tensors `model` exports to (names, dtype, HF shapes; a stacked layer parameter gives one per layer),
+    in the order `_hf_tensors` yields them, and their numpy dtype (`dtype`, else the first parameter's)."""
+    params = dict(nnx.to_flat_state(nnx.state(model, lora.FROZEN)))
+    unknown = [p for p in params if p not in table]
+    if unknown:
+        shown = ["/".join(map(str, p)) for p in unknown[:6]]
+        raise ValueError(f"export: parameters with no Hugging Face name: {shown}")
+    first = next(iter(params.values())).get_raw_value()
+    np_dtype = np.dtype(jnp.dtype(dtype if dtype is not None else first.dtype))
+    if np_dtype not in _HF_DTYPE_NAMES:
+        raise ValueError(f"export dtype must be float32, bfloat16 or float16, got {np_dtype}")
+    layers = model.config.num_layers
+    names = {path: [hf_layout.full_name(n, "model.") for n in (
+        hf_layout.layer_names(table[path][0], layers) if hf_layout.is_stacked(path) else [table[path][0]])]
+        for path in params}
+    specs = [TensorSpec(name, np_dtype, hf_layout.hf_shape(table[p][1], v.shape[1:] if hf_layout.is_stacked(p)
+                                                           else v.shape))
+             for p, v in params.items() for name in names[p]]
+    return specs, np_dtype
+
+
+def _hf_tensors(model: nnx.Module, table: Mapping[Any, Any], np_dtype: np.dtype) -> Iterator[np.ndarray]:
+    """Each HF tensor in `_tensor_specs` order, merged, gathered (on every process) and laid out one at a time."""
+    for path, value in lora.iter_merged_params(model):
+        array = to_host(value).astype(np_dtype)
+        for piece in (list(array) if hf_layout.is_stacked(path) else [array]):
+            yield hf_layout.ours_to_hf(table[path][1], piece)
+
+
+def _write_shards(out_dir: Path, files: Sequence[str], shards: Sequence[Sequence[str]], specs: Sequence[TensorSpec],
+                  tensors: Iterator[np.ndarray], *, writer: bool) -> None:
+    """Streams `tensors` into the shard files; a process that is not the writer only takes part in the gathers."""
+    start = 0
+    for file, shard in zip(files, shards, strict=True):
+        pieces = itertools.islice(tensors, len(shard))
+        if writer:
+            write_safetensors(out_dir / file, specs[start:start + len(shard)], pieces, {"format": "pt"})
+        else:
+            for _ in pieces:
+                pass
+        start += len(shard)
 
 
 def _adapter_items(model: nnx.Module) -> list[tuple[str, nnx.Variable, int | None]]:
