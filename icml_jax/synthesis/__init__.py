@@ -18,7 +18,7 @@ import dataclasses
 import datetime
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -153,13 +153,7 @@ def synthesize(config: SynthesisConfig | ml_collections.ConfigDict | dict, backe
                         "misses": sum(w.misses for w in wrappers)}
     finally:
         cache.close()
-    files = {}
-    for split, (episodes, examples) in records.items():
-        files[dataset.episodes_path(out, split).name] = dataset.write_records(
-            dataset.episodes_path(out, split), [e.to_json() for e in episodes])
-        files[dataset.trigger_path(out, split).name] = dataset.write_records(
-            dataset.trigger_path(out, split), [x.to_json() for x in examples])
-    rejected_seeds = sorted({r.seed_id for r in result.rejections if r.storyline is None})
+    files = _write_splits(out, records)
     manifest = {
         "format_version": dataset.FORMAT_VERSION,
         "created_by": "icml_jax.synthesis",
@@ -169,18 +163,7 @@ def synthesize(config: SynthesisConfig | ml_collections.ConfigDict | dict, backe
         "direction": config.direction,  # how the storylines were written: "backward" (the paper's) or "forward"
         "seeds": [s.to_dict() for s in seeds],
         "split_seed_ids": {"train": train_ids, "heldout": held_ids},
-        "counts": {
-            "seeds": len(seeds),
-            "seeds_rejected": len(rejected_seeds),
-            "storylines_requested": len(seeds) * config.storylines_per_seed,
-            "storylines_accepted": len(result.episodes),
-            "storylines_rejected": len(seeds) * config.storylines_per_seed - len(result.episodes),
-            "rejected_outputs": len(result.rejections),
-            "malformed_answers": result.stats.malformed,
-            # requests (storylines' and condensations') the back end failed for good: skipped, not fatal
-            "failed_requests": sum(a.failed for a in asked),
-            **{split: c for split, c in counts.items()},
-        },
+        "counts": _manifest_counts(config, seeds, result, asked, counts),
         "requests": result.stats.to_dict(),
         # what this run spent (answers replayed from requests.sqlite cost nothing): tokens, calls, HTTP attempts,
         # retries and failures of the synthesis back end (the condenser's too when it is the same back end)
@@ -195,6 +178,37 @@ def synthesize(config: SynthesisConfig | ml_collections.ConfigDict | dict, backe
     (out / dataset.MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
                                         encoding="utf-8")
     return manifest
+
+
+def _write_splits(out: Path, records: Mapping[str, tuple[Sequence[Any], Sequence[Any]]]) -> dict[str, Any]:
+    """Each split's episodes and Trigger examples as record files; their names -> what `write_records` says."""
+    files = {}
+    for split, (episodes, examples) in records.items():
+        files[dataset.episodes_path(out, split).name] = dataset.write_records(
+            dataset.episodes_path(out, split), [e.to_json() for e in episodes])
+        files[dataset.trigger_path(out, split).name] = dataset.write_records(
+            dataset.trigger_path(out, split), [x.to_json() for x in examples])
+    return files
+
+
+def _manifest_counts(config: SynthesisConfig, seeds: Sequence[SeedSpec], result: Any, asked: Sequence[Any],
+                     counts: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest's counts: seeds, storylines asked / accepted / rejected, malformed and failed requests, and
+    each split's episode and example counts."""
+    rejected_seeds = {r.seed_id for r in result.rejections if r.storyline is None}
+    requested = len(seeds) * config.storylines_per_seed
+    return {
+        "seeds": len(seeds),
+        "seeds_rejected": len(rejected_seeds),
+        "storylines_requested": requested,
+        "storylines_accepted": len(result.episodes),
+        "storylines_rejected": requested - len(result.episodes),
+        "rejected_outputs": len(result.rejections),
+        "malformed_answers": result.stats.malformed,
+        # requests (storylines' and condensations') the back end failed for good: skipped, not fatal
+        "failed_requests": sum(a.failed for a in asked),
+        **dict(counts),
+    }
 
 
 __all__ = [
