@@ -266,17 +266,9 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     _model_metric_settings(config)  # BERTScore / MAUVE models checked before anything is played
     tokenizer = build_tokenizer(config, workdir)
     cache = ResponseCache(Path(cache_path) if cache_path else out_dir / CACHE_FILE)
-    # an HTTP back end (Gemini, OpenAI-compatible) makes one call per request anyway: sending them one at a time
-    # stores each answer as it arrives, so a killed evaluation loses nothing
-    remote = lambda backend: bool(getattr(backend, "remote", False))  # noqa: E731
-    generator_backend = make_backend(config.llm.generator)
-    generator = CachedBackend(generator_backend, cache, answer_namespace(config.llm.generator.to_dict()),
-                              per_request=remote(generator_backend))
+    generator_backend, generator, judge_backend = _cached_backends(config, cache)
+    use_judge = judge_backend is not None
     count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
-    use_judge = bool((config.get("eval") or {}).get("judge", True))
-    judge_raw = make_backend(config.llm.judge) if use_judge else None
-    judge_backend = CachedBackend(judge_raw, cache, answer_namespace(config.llm.judge.to_dict()),
-                                  per_request=remote(judge_raw)) if use_judge else None
     try:
         with MemoryStore() as store:
             agent, provenance = factory(EvalContext(config, workdir, generator, judge_backend, store, tokenizer,
@@ -292,14 +284,7 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
         _check_failures(config, "episodes (a reply or memory request)", failed or [], len(episodes), cache.path,
                         "episode_id")
         gain_setting = _memory_gain(config, generator_backend, results, episodes)
-        correlation = None
-        if judge_backend is not None:  # a judge request that fails for good is a recorded judge failure
-            judge_targets(QualityJudge(judge_backend, backend_failures="record"), results, episodes)
-            rows = [row for r in results for row in r.targets]
-            _check_failures(config, "judge requests", [r for r in rows if str(r.get("judge_failure") or "")
-                                                       .startswith("back end:")], len(rows), cache.path, "judge_failure")
-            correlation = proxy_truth_correlation(ProxyJudge(judge_backend, backend_failures="record"), results,
-                                                  episodes)
+        correlation = _judge_results(config, judge_backend, results, episodes, cache.path)
         if other_rows is not None:
             if judge_backend is None:
                 raise ValueError("--against needs the judge (config.eval.judge)")
@@ -337,6 +322,35 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
         content["pairwise"] = write_pairwise(out_dir, pairwise, _name(workdir), _name(Path(against)),
                                              {k: setting[k] for k in ("data", "judge", "seed")})
     return content
+
+
+def _cached_backends(config: ml_collections.ConfigDict, cache: ResponseCache
+                     ) -> tuple[Any, CachedBackend, CachedBackend | None]:
+    """(the generator back end, it behind the answer cache, the judge behind the cache or None without
+    `eval.judge`). An HTTP back end (Gemini, OpenAI-compatible) makes one call per request anyway: sending them one
+    at a time stores each answer as it arrives, so a killed evaluation loses nothing."""
+    remote = lambda backend: bool(getattr(backend, "remote", False))  # noqa: E731
+    generator_backend = make_backend(config.llm.generator)
+    generator = CachedBackend(generator_backend, cache, answer_namespace(config.llm.generator.to_dict()),
+                              per_request=remote(generator_backend))
+    if not bool((config.get("eval") or {}).get("judge", True)):
+        return generator_backend, generator, None
+    judge_raw = make_backend(config.llm.judge)
+    return generator_backend, generator, CachedBackend(judge_raw, cache, answer_namespace(config.llm.judge.to_dict()),
+                                                       per_request=remote(judge_raw))
+
+
+def _judge_results(config: ml_collections.ConfigDict, judge: CachedBackend | None, results: Sequence[Any],
+                   episodes: Sequence[Any], cache_path: Path) -> dict[str, Any] | None:
+    """Judges every target reply in place (a request that fails for good is a recorded judge failure, too many
+    fail the evaluation) and returns the proxy / truth correlation; None without a judge."""
+    if judge is None:
+        return None
+    judge_targets(QualityJudge(judge, backend_failures="record"), results, episodes)
+    rows = [row for r in results for row in r.targets]
+    _check_failures(config, "judge requests", [r for r in rows if str(r.get("judge_failure") or "")
+                                               .startswith("back end:")], len(rows), cache_path, "judge_failure")
+    return proxy_truth_correlation(ProxyJudge(judge, backend_failures="record"), results, episodes)
 
 
 class EvaluationError(RuntimeError):
