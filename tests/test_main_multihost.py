@@ -27,7 +27,7 @@ from icml_jax.run.builders import build_models
 from icml_jax.configlib import load_config
 from icml_jax.checkpoint import CheckpointError, RunCheckpointer
 from icml_jax.run.runlog import METRICS_FILE
-from icml_jax.run.stages.online import own_state
+from icml_jax.checkpoint.online import own_state
 from icml_jax.checkpoint import save_warmup
 from icml_jax.run.validation import check_processes
 

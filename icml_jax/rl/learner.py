@@ -224,9 +224,15 @@ class OnlineLearner:
         self.session_log += counts
         out = pooled_metrics(counts, "episode")
         out["episode/turns"] = float(len(receipts))
-        if self.episodes_seen % self.config.update_every == 0:
+        if self.update_due:
             out.update(self.update())
         return out
+
+    @property
+    def update_due(self) -> bool:
+        """Whether the episodes seen reach a multiple of `update_every`: the update cadence, here alone (the
+        stage's row writing and `rollout.user_groups`' grouping follow it)."""
+        return self.episodes_seen % self.config.update_every == 0
 
     def step_turn(self, episode: Episode, user: str, session: int, turn: int,
                   history: Sequence[tuple[str, str]], episode_key: int | None = None) -> Receipt:

@@ -8,10 +8,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 from tqdm.auto import tqdm
 
 from icml_jax import parallel
-from icml_jax.checkpoint import CheckpointError, RunCheckpointer, load_memory_state, load_warmup, memory_state
+from icml_jax.checkpoint import RunCheckpointer, load_warmup
+from icml_jax.checkpoint.online import OnlineCheckpoint
 from icml_jax.data.labels import pooled_metrics
 from icml_jax.data.stream import EVAL_OFFSET, held_out_episodes, online_stream
 from icml_jax.memory.store import MemoryStore
@@ -54,10 +56,8 @@ def stage_online(run: Run) -> dict[str, Any]:
 
     With P JAX processes each plays every P-th episode (its users, memories and pending rewards its own), every
     update is one global PPO step over all of their decisions, the first process writes the metrics of all, and
-    a checkpoint holds each process's state (`gather_state`).
+    a checkpoint holds each process's state (`checkpoint.online.gather_state`).
     """
-    import jax
-
     config, spec = run.config, run.spec
     policies, tokenizer = run.models()
     stream, held_out = online_stream(config), held_out_episodes(config)
@@ -65,20 +65,7 @@ def stage_online(run: Run) -> dict[str, Any]:
     # one client when both roles are one back end
     judge = generator if spec.judge_is_generator else spec.make_backend("judge")
     learner_cfg = spec.learner
-    agent_cfg = learner_cfg.agent  # the held-out agent writes replies and notes as the online one does
-
-    def held_out_eval(seen: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
-        if not held_out:
-            return {}, []
-        sessions = heldout.evaluate(policies, tokenizer, held_out, agent_config=agent_cfg, backend=generator,
-                                    user_speaker=learner_cfg.user_speaker, greedy=spec.online.greedy_eval,
-                                    seed=config.seed + EVAL_OFFSET, users_in_flight=learner_cfg.users_in_flight)
-        metrics = pooled_metrics(sessions, "eval")
-        run.metrics.write("eval", {"episodes_seen": seen, **metrics}, step=seen)
-        return metrics, session_rows("before" if seen == 0 else "after", sessions)
-
-    every = int(spec.checkpoint.every_episodes)
-    count = jax.process_count()
+    held_out_eval = lambda seen: _held_out_eval(run, policies, tokenizer, held_out, generator, seen)  # noqa: E731
     update_mesh, _ = parallel.process_meshes(dict(config.parallel.mesh))
     with MemoryStore() as store, RunCheckpointer(run.workdir / CHECKPOINT_DIR, keep=int(spec.checkpoint.keep),
                                                  async_save=bool(spec.checkpoint.async_save)) as ckpt:
@@ -88,28 +75,14 @@ def stage_online(run: Run) -> dict[str, Any]:
                                 quality_judge=quality_judge, config=learner_cfg,
                                 update_mesh=update_mesh if parallel.model_mesh(policies) is not None else None)
 
-        saved: int | None = None  # the last step saved or restored (an async save may not be listed yet)
-
-        def save(extra: dict[str, Any]) -> None:
-            nonlocal saved
-            state = learner.state_dict()
-            arrays = {k: state.pop(k) for k in ("params", "rest", "optimizer", "agent_key")}
-            ckpt.save(learner.episodes_seen, arrays, gather_state({**state, **extra, "memory": memory_state(store),
-                                                                    "data": stream.get_state(),
-                                                                    "metrics_bytes": run.metrics.position()}))
-            saved = learner.episodes_seen
-
+        state_ckpt = OnlineCheckpoint(ckpt, learner, store, stream, run.metrics)
         restored, run.resume = run.resume, None  # read by workdir.resume_point, so the metrics were cut at its step
         if restored is not None:
-            saved, arrays, state = restored
-            state = own_state(state, run.workdir / CHECKPOINT_DIR / str(saved))
-            learner.load_state_dict({**state, **arrays})
-            load_memory_state(store, state["memory"])
-            stream.set_state(state["data"])
+            state = state_ckpt.restore(restored, run.workdir / CHECKPOINT_DIR)
         else:  # the warmed-up start is resume point 0; the warm-up, deferred until now, is recoverable from it
             if spec.online.init_from:
                 load_warmup(Path(spec.online.init_from).expanduser(), policies)
-            save({"before": {}, "before_rows": []})
+            state_ckpt.save({"before": {}, "before_rows": []})
             ckpt.wait()
             run.commit()
         if learner.episodes_seen == 0:
@@ -117,26 +90,12 @@ def stage_online(run: Run) -> dict[str, Any]:
         else:
             before, before_rows = state["before"], state["before_rows"]
         extra = {"before": before, "before_rows": before_rows}
-        bar = tqdm(stream, desc="online episodes", unit="ep", total=stream.total,
-                   initial=learner.episodes_seen // count, leave=False, disable=not is_primary())
-        rows: list[dict[str, Any]] = []  # episode rows not yet written (several processes: until an update)
-        for group in user_groups(bar, learner_cfg.users_in_flight, learner_cfg.update_every // count,
-                                 learner.episodes_seen // count):
-            first = learner.episodes_seen + 1 + jax.process_index()  # this process plays every count-th
-            rows += [{"episode": first + i * count, **training_record(e), **out}
-                     for i, (e, out) in enumerate(zip(group, learner.run_episodes(group), strict=True))]
-            if count == 1 or learner.episodes_seen % learner_cfg.update_every == 0:  # the same call everywhere
-                write_episode_rows(run.metrics, rows)
-                rows = []
-            if learner.episodes_seen % every == 0:
-                save(extra)
-        if count > 1:
-            write_episode_rows(run.metrics, rows)
+        _play_stream(run, learner, stream, state_ckpt, extra, every=int(spec.checkpoint.every_episodes))
         if learner.has_pending():  # the episodes after the last update still teach: one last update
             out = learner.update()
             run.metrics.write("online", {"episode": learner.episodes_seen, **out}, step=learner.episodes_seen)
-        if saved != learner.episodes_seen:
-            save(extra)
+        if state_ckpt.saved != learner.episodes_seen:
+            state_ckpt.save(extra)
         ckpt.wait()
         learner.close()  # the turn request threads of remote back ends
         session_log = [c for part in parallel.allgather_objects(learner.session_log) for c in part]
@@ -154,6 +113,42 @@ def stage_online(run: Run) -> dict[str, Any]:
     run.save_policy({"stage": "online", "episodes": learner.episodes_seen, "updates": learner.updates})
     run.metrics.write("online", {"final": True, **summary})
     return summary
+
+
+def _held_out_eval(run: Run, policies: Any, tokenizer: Any, held_out: Sequence[Any], generator: Any, seen: int
+                   ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """The held-out episodes played greedily by the current policies (the agent writing replies and notes as the
+    online one does): their pooled metrics, written at step `seen`, and per-session rows."""
+    if not held_out:
+        return {}, []
+    spec, learner_cfg = run.spec, run.spec.learner
+    sessions = heldout.evaluate(policies, tokenizer, held_out, agent_config=learner_cfg.agent, backend=generator,
+                                user_speaker=learner_cfg.user_speaker, greedy=spec.online.greedy_eval,
+                                seed=run.config.seed + EVAL_OFFSET, users_in_flight=learner_cfg.users_in_flight)
+    metrics = pooled_metrics(sessions, "eval")
+    run.metrics.write("eval", {"episodes_seen": seen, **metrics}, step=seen)
+    return metrics, session_rows("before" if seen == 0 else "after", sessions)
+
+
+def _play_stream(run: Run, learner: OnlineLearner, stream: Any, state_ckpt: OnlineCheckpoint,
+                 extra: dict[str, Any], *, every: int) -> None:
+    """Plays the rest of `stream` in groups of users (never across an update), writing each group's episode rows
+    (several processes: at each update, all processes' rows together) and a checkpoint every `every` episodes."""
+    count, cfg = jax.process_count(), learner.config
+    bar = tqdm(stream, desc="online episodes", unit="ep", total=stream.total,
+               initial=learner.episodes_seen // count, leave=False, disable=not is_primary())
+    rows: list[dict[str, Any]] = []  # episode rows not yet written (several processes: until an update)
+    for group in user_groups(bar, cfg.users_in_flight, cfg.update_every // count, learner.episodes_seen // count):
+        first = learner.episodes_seen + 1 + jax.process_index()  # this process plays every count-th
+        rows += [{"episode": first + i * count, **training_record(e), **out}
+                 for i, (e, out) in enumerate(zip(group, learner.run_episodes(group), strict=True))]
+        if count == 1 or learner.update_due:  # the same call on every process
+            write_episode_rows(run.metrics, rows)
+            rows = []
+        if learner.episodes_seen % every == 0:
+            state_ckpt.save(extra)
+    if count > 1:
+        write_episode_rows(run.metrics, rows)
 
 
 def training_record(episode: Any) -> dict[str, Any]:
@@ -174,25 +169,3 @@ def write_episode_rows(metrics: Any, rows: list[dict[str, Any]]) -> None:
                 row.pop(key)
     for row in merged:
         metrics.write("online", row, step=row["episode"])
-
-
-def gather_state(state: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint's JSON state: this process's, or with several processes every process's (they differ in
-    their users' memories, pending rewards, data position) under "processes", the first one's metrics length
-    on top (a collective)."""
-    parts = parallel.allgather_objects(state)
-    if len(parts) == 1:
-        return state
-    return {"process_count": len(parts), "metrics_bytes": parts[0]["metrics_bytes"], "processes": parts}
-
-
-def own_state(state: dict[str, Any], where: Path) -> dict[str, Any]:
-    """This process's part of a checkpoint's JSON state (`gather_state`); a checkpoint of another number of
-    processes is an error naming both."""
-    import jax
-
-    saved = int(state.get("process_count", 1))
-    if saved != jax.process_count():
-        raise CheckpointError(f"{where} is a checkpoint of a run of {saved} JAX process(es); this run has "
-                              f"{jax.process_count()}: resume it with {saved} (each process holds its own users)")
-    return state["processes"][jax.process_index()] if saved > 1 else state
