@@ -88,8 +88,7 @@ def get_config() -> ml_collections.ConfigDict:
         synthesizer=None,  # writes the expert storylines; None: the generator does
     ))
     config.observation = ml_collections.ConfigDict(dataclasses.asdict(ObservationConfig()))
-    config.synthesis = synthesis_config()
-    config.synthesis.max_failed_fraction = 0.1  # share of requests that may fail after all retries (skipped)
+    config.synthesis = synthesis_config()  # max_failed_fraction: requests that may fail after all retries (skipped)
     config.warmup = warmup_config()  # its observation and rewards: `config.observation` and `config.rl.reward`
     config.rl = ml_collections.ConfigDict(dict(
         ppo=PPOConfig().to_dict(),

@@ -3,10 +3,9 @@ synthesis -> warm-up -> online PPO in about 25 s on 2 CPU cores, no weights, dat
 
     python -m icml_jax.main --config=configs/demo.py --workdir=/tmp/icml_demo
 
-World, observation sizes and the tiny model come from `icml_jax.agents.tiny`; the learning rates, gamma,
-entropy and save cost are the persona-world experiment's (`icml_jax.experiments.persona_run.PersonaRunConfig`,
-whose docstring explains the departures from the paper: tiny backbone, heads only, lr 1e-2, gamma 0).
-tests/experiments checks that the two stay equal.
+World, observation sizes, the tiny model and the PPO and reward settings come from `icml_jax.agents.tiny`, which
+the persona-world experiment shares (`icml_jax.experiments.persona_run.PersonaRunConfig`, whose docstring explains
+the departures from the paper: tiny backbone, heads only, lr 1e-2, gamma 0).
 """
 
 from __future__ import annotations
@@ -61,8 +60,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.warmup.epochs = 1
     config.warmup.batch_size = 8
     config.warmup.log_every = 10
-    ppo = dict(actor_lr=1e-2, critic_lr=1e-2, gamma=0.0, entropy_coef=0.05, epochs=4, minibatch_size=4)
-    for key, value in ppo.items():
+    for key, value in tiny.LEARNING_PPO.items():
         config.rl.ppo[key] = value
-    config.rl.reward.save_cost = 0.5
+    config.rl.reward.save_cost = tiny.LEARNING_SAVE_COST
     return config

@@ -76,7 +76,10 @@ def learning_observation() -> ObservationConfig:
     return ObservationConfig(context_turns=0, max_length=64, min_length_bucket=64, max_candidates=7,
                              min_candidate_bucket=8)
 
+# PPO and reward settings for heads on a tiny random backbone (the demo and the persona-world experiment; why
+# each departs from the paper: `experiments.persona_run.PersonaRunConfig`)
+LEARNING_PPO = dict(actor_lr=1e-2, critic_lr=1e-2, gamma=0.0, entropy_coef=0.05, epochs=4, minibatch_size=4)
+LEARNING_SAVE_COST = 0.5
 
-
-__all__ = ["SPECIALS", "build_tokenizer", "learning_observation", "learning_world", "tiny_model_config",
-           "world_vocabulary"]
+__all__ = ["LEARNING_PPO", "LEARNING_SAVE_COST", "SPECIALS", "build_tokenizer", "learning_observation",
+           "learning_world", "tiny_model_config", "world_vocabulary"]

@@ -22,8 +22,8 @@ from flax import nnx
 from icml_jax.agents.agent import AgentConfig
 from icml_jax.agents.observation import ObservationConfig
 from icml_jax.agents.policy import MemoryPolicies
-from icml_jax.agents.tiny import build_tokenizer, learning_observation, learning_world, tiny_model_config, \
-    world_vocabulary
+from icml_jax.agents.tiny import (LEARNING_PPO, LEARNING_SAVE_COST, build_tokenizer, learning_observation,
+                                  learning_world, tiny_model_config, world_vocabulary)
 from icml_jax.configlib import field_default
 from icml_jax.data.persona_world import PersonaWorldConfig, generate_episodes
 from icml_jax.llm.judges import ProxyJudge, QualityJudge
@@ -67,9 +67,8 @@ class PersonaRunConfig:
     pooling: str = "mean"
     match_rank: int = 16
     lora: LoraConfig | None = None
-    ppo: PPOConfig = PPOConfig(actor_lr=1e-2, critic_lr=1e-2, gamma=0.0, entropy_coef=0.05, epochs=4,
-                               minibatch_size=4)
-    reward: RewardConfig = RewardConfig(save_cost=0.5)
+    ppo: PPOConfig = PPOConfig(**LEARNING_PPO)
+    reward: RewardConfig = RewardConfig(save_cost=LEARNING_SAVE_COST)
     update_every: int = field_default(LearnerConfig, "update_every")
     users_in_flight: int = field_default(LearnerConfig, "users_in_flight")  # episodes played in lockstep,
     # decisions batched (divides update_every)

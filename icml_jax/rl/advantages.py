@@ -52,7 +52,7 @@ def discounted_returns(
     dones: ArrayLike | None = None,
     mask: ArrayLike | None = None,
     bootstrap_value: ArrayLike | None = None,
-    gamma: ArrayLike = 0.99,
+    gamma: ArrayLike = PPOConfig.gamma,
 ) -> jnp.ndarray:
     """Monte-Carlo returns G_t = r_t + gamma * (1 - done_t) * G_next over real (unmasked) steps; 0 on padding."""
     r, _, d, m, boot, squeeze = _prepare(rewards, None, dones, mask, bootstrap_value)
@@ -74,8 +74,8 @@ def gae(
     dones: ArrayLike | None = None,
     mask: ArrayLike | None = None,
     bootstrap_value: ArrayLike | None = None,
-    gamma: ArrayLike = 0.99,
-    gae_lambda: ArrayLike = 0.95,
+    gamma: ArrayLike = PPOConfig.gamma,
+    gae_lambda: ArrayLike = PPOConfig.gae_lambda,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Generalised advantage estimation: (advantages, returns = advantages + values), both 0 on padding.
 

@@ -46,7 +46,7 @@ def policy_loss(
     old_logp: ArrayLike,
     advantages: ArrayLike,
     mask: ArrayLike | None = None,
-    clip_eps: float = 0.2,
+    clip_eps: float = PPOConfig.clip_eps,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Clipped surrogate mean(-min(r * A, clip(r, 1 - eps, 1 + eps) * A)) and the importance ratio r."""
     lr = log_ratio(new_logp, old_logp, mask)
@@ -90,7 +90,7 @@ def approx_kl(new_logp: ArrayLike, old_logp: ArrayLike, mask: ArrayLike | None =
     return masked_mean(jnp.expm1(lr) - lr, mask)
 
 
-def clip_fraction(ratio: ArrayLike, mask: ArrayLike | None = None, clip_eps: float = 0.2) -> jnp.ndarray:
+def clip_fraction(ratio: ArrayLike, mask: ArrayLike | None = None, clip_eps: float = PPOConfig.clip_eps) -> jnp.ndarray:
     """Fraction of real decisions whose ratio left [1 - eps, 1 + eps]: how much of the batch was clipped."""
     ratio = jnp.asarray(ratio, jnp.float32)
     return masked_mean((jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32), mask)

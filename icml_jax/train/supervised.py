@@ -40,7 +40,7 @@ from icml_jax.agents import observation as obs
 from icml_jax.agents.policy import MemoryPolicies, planner_forward, trainable_group, trigger_forward
 from icml_jax.data.schema import Episode, TurnRef
 from icml_jax.rl.advantages import discounted_returns
-from icml_jax.rl.config import RewardConfig
+from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig, DivergenceMonitor, check_window
 from icml_jax.rl.optim import CRITIC, OptimizerSettings, guarded_apply, label_params, make_optimizer
 from icml_jax.rl.rewards import planner_reward, planner_training_reward, trigger_reward, truth_reward
@@ -83,7 +83,7 @@ class WarmupConfig:
     value_weight: float = 0.5
     value_through_backbone: bool = False
     expert_quality: float = 1.0
-    gamma: float = 0.99
+    gamma: float = PPOConfig.gamma
     rewards: RewardConfig = dataclasses.field(default_factory=RewardConfig)
     seed: int = 0
     eval_batch_size: int = 32
