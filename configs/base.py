@@ -25,7 +25,7 @@ from icml_jax.llm.openai_compat import OPENAI_ONLY_KNOBS
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig
 from icml_jax.rl.learner import LearnerConfig
-from icml_jax.run.runspec import LEARNER_LOOP_KEYS, CheckpointConfig, OnlineConfig
+from icml_jax.run.runspec import EVAL_NULLABLE, LEARNER_LOOP_KEYS, CheckpointConfig, EvalConfig, OnlineConfig
 from icml_jax.synthesis import default_config as synthesis_config
 from icml_jax.textcheck import TextLimits
 from icml_jax.train import default_config as warmup_config
@@ -113,27 +113,9 @@ def get_config() -> ml_collections.ConfigDict:
     # greedy_eval, eval_before (held-out evaluations), init_from (a saved policy dir to start from: runspec)
     config.online = ml_collections.ConfigDict(dataclasses.asdict(OnlineConfig()))
     config.online.init_from = placeholder(str)
-    config.eval = ml_collections.ConfigDict(dict(  # python -m icml_jax.evaluate (real datasets' protocol)
-        episodes=50,  # the protocol's episode count
-        tfds_name=placeholder(str),  # the built TFDS builder/config whose test splits the protocol reads; None: the
-        # dataset's own (gapchat_episodes/protocol, ...); e.g. gapchat_episodes/sample for shared/data's 60 episodes
-        selection="auto",  # auto (theanine for MSC / CC when its ids file is there) | seeded | theanine
-        seed=0,  # the seeded draw
-        judge=True,  # rate every reply on the five dimensions with config.llm.judge
-        max_failed_fraction=0.1,  # judge requests that may fail after all retries (counted, left out of the means)
-        learn=False,  # True: learn online (PPO) on each episode's history sessions before answering its targets
-        bertscore_model=placeholder(str),  # local encoder dir for BERTScore (paper: roberta-large; or the fetched
-        # all-MiniLM-L6-v2, whose magnitudes are not the paper's); None: skipped
-        bertscore_layer=17,  # the hidden state bert-score reads: 17 is its layer for roberta-large (the paper's);
-        # all-MiniLM-L6-v2 has 6 (6: its last); a layer the encoder lacks fails before the evaluation plays
-        mauve_model=placeholder(str),  # local Llama / Qwen2 / Qwen3 / Gemma3 dir whose last-token final hidden states
-        # feed MAUVE (GPT-2, the paper's featurizer, does not load: magnitudes are not the paper's); None: skipped
-        mauve_max_length=256,
-        reply_temperature=placeholder(float),  # the target replies' temperature (0: greedy); None: each system's
-        # own learner.reply_temperature (sampled, as the paper)
-        memory_gain=True,  # score each target's memory gain and NLL with the generator where it can (local back end)
-        prices={},  # optional cost estimate: {"generator": {"input": USD, "output": USD} per 1M tokens, "judge": ...}
-    ))
+    # python -m icml_jax.evaluate (real datasets' protocol): icml_jax.run.runspec.EvalConfig says each key
+    config.eval = ml_collections.ConfigDict({k: placeholder(EVAL_NULLABLE[k]) if v is None and k in EVAL_NULLABLE
+                                             else v for k, v in EvalConfig().to_dict().items()})
     config.baselines = ml_collections.ConfigDict(dict(  # icml_jax.baselines (Table 1's other systems); written out
         # here because configs never import that package: tests/baselines checks it equals baselines.DEFAULTS
         top_k=3,  # memories a retrieval baseline puts in the reply prompt (dense, memorybank, mem0)

@@ -54,7 +54,7 @@ from icml_jax.rl.learner import OnlineLearner
 from icml_jax.rl.likelihood import reward_judges
 from icml_jax.run.agent_loading import ChatError, find_checkpoint
 from icml_jax.run.builders import build_models, build_tiny_tokenizer
-from icml_jax.run.runspec import RunSpec
+from icml_jax.run.runspec import EvalConfig, RunSpec
 
 EVAL_DIR = "eval"
 CACHE_FILE = "cache.sqlite"
@@ -63,7 +63,7 @@ CACHE_FILE = "cache.sqlite"
 def eval_selection(config: ml_collections.ConfigDict) -> str:
     """`eval.selection`, with "auto" resolved: THEANINE's own episode ids for MSC / CC when their ids file is
     there (`shared/data/<dataset>/theanine_eval_ids.json`), else the seeded draw."""
-    selection = (config.get("eval") or {}).get("selection", "auto")
+    selection = EvalConfig.from_config(config).selection
     if selection != "auto":
         return selection
     name = config.data.name
@@ -75,12 +75,11 @@ def eval_episodes(config: ml_collections.ConfigDict) -> list:
     """The protocol's episodes for `config.data`: persona world held-out episodes, or a real dataset's 50."""
     if config.data.name == PERSONA_WORLD:
         return held_out_episodes(config)
-    ev = config.get("eval") or ml_collections.ConfigDict()
+    ev = EvalConfig.from_config(config)
     if not config.data.get("data_dir"):
         raise ValueError(f"evaluation on {config.data.name}: config.data.data_dir (the built TFDS data) is not set")
     episodes = load_eval_episodes(config.data.name, data_dir=config.data.data_dir, selection=eval_selection(config),
-                                  seed=int(ev.get("seed", 0)), n=int(ev.get("episodes", 50)),
-                                  builder=ev.get("tfds_name"))
+                                  seed=ev.seed, n=ev.episodes, builder=ev.tfds_name)
     cut = max_session_turns(config)  # the online stream's cut, so both play the same turns
     return [clip_sessions(e, cut) for e in episodes]
 
@@ -99,23 +98,18 @@ def _model_metric_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """{"BERTScore" / "MAUVE": what it will run with} for the model paths `config.eval` names, checked before the
     evaluation plays (a missing directory, a layer the encoder lacks or a decoder family we cannot load fails
     here, not after every reply is generated)."""
-    ev = config.get("eval") or ml_collections.ConfigDict()
+    ev = EvalConfig.from_config(config)
     out: dict[str, Any] = {}
-    if ev.get("bertscore_model"):
-        if ev.get("bertscore_layer") is None:
-            raise ValueError("eval.bertscore_model is set but eval.bertscore_layer (the encoder layer bert-score "
-                             "reads) is not")
-        out["BERTScore"] = check_bertscore_model(ev.bertscore_model, int(ev.bertscore_layer))
-    if ev.get("mauve_model"):
-        if ev.get("mauve_max_length") is None:
-            raise ValueError("eval.mauve_model is set but eval.mauve_max_length (tokens per text) is not")
-        out["MAUVE"] = {**check_mauve_model(ev.mauve_model), "max_length": int(ev.mauve_max_length)}
+    if ev.bertscore_model:
+        out["BERTScore"] = check_bertscore_model(ev.bertscore_model, ev.bertscore_layer)
+    if ev.mauve_model:
+        out["MAUVE"] = {**check_mauve_model(ev.mauve_model), "max_length": ev.mauve_max_length}
     return out
 
 
 def _model_scores(config: ml_collections.ConfigDict, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """BERTScore and MAUVE of the replies against the references, for the model paths `config.eval` names."""
-    ev = config.get("eval") or ml_collections.ConfigDict()
+    ev = EvalConfig.from_config(config)
     settings = _model_metric_settings(config)
     replies, refs = [r["reply"] for r in rows], [r["reference"] for r in rows]
     out: dict[str, Any] = {}
@@ -145,7 +139,7 @@ def _reply_temperature(config: ml_collections.ConfigDict) -> float:
 def _memory_gain(config: ml_collections.ConfigDict, generator, results, episodes) -> dict[str, Any]:
     """Scores every target row's memory gain and NLL with the generator (`evaluation.memory_gain`) when
     `eval.memory_gain` is on and the generator can score a continuation; returns what the setting records."""
-    if not bool((config.get("eval") or {}).get("memory_gain", True)):
+    if not EvalConfig.from_config(config).memory_gain:
         return {"computed": False, "reason": "eval.memory_gain is off"}
     if not can_score(generator):
         return {"computed": False, "reason": f"the {config.llm.generator.kind} generator cannot score a given "
@@ -215,7 +209,7 @@ def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
         policies, _ = build_models(config, ctx.workdir, spec)
         meta = load_warmup(ckpt, policies)
         policies.eval()
-        if bool((config.get("eval") or {}).get("learn", False)):  # Algorithm 1 on the history sessions
+        if EvalConfig.from_config(config).learn:  # Algorithm 1 on the history sessions
             if ctx.judge is None:
                 raise ValueError("eval.learn needs the judge (eval.judge) for the online rewards")
             reward = spec.learner.reward
@@ -276,7 +270,7 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
             agent.name = system
             if "training" in provenance:  # before anything is played: a leaking policy is refused up front
                 check_no_leak(provenance["training"], episodes, str(provenance.get("checkpoint", system)))
-            learn = bool((config.get("eval") or {}).get("learn", False))
+            learn = EvalConfig.from_config(config).learn
             failed: list[dict[str, str]] | None = None if learn else []  # a learner cannot skip half an episode
             results = play(agent, episodes, user_speaker=user_speaker(config), count_tokens=count,
                            progress=lambda xs: tqdm(xs, desc=f"evaluating {system}", unit="ep", leave=False),
@@ -299,7 +293,7 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     model_scores = _model_scores(config, [row for r in results for row in r.targets])
     backends = [b for b in (generator, judge_backend) if b is not None]
     turns = sum(len(r.construction_ms) + len(r.targets) for r in results)
-    llm_usage = {role: backend_usage(b, turns, (config.get("eval") or {}).get("prices", {}).get(role))
+    llm_usage = {role: backend_usage(b, turns, EvalConfig.from_config(config).prices.get(role))
                  for role, b in (("generator", generator), ("judge", judge_backend)) if b is not None}
     judge_block = config.llm.judge.to_dict() if use_judge else None
     setting = {"data": config.data.name, "episode_ids": [e.episode_id for e in episodes],
@@ -333,7 +327,7 @@ def _cached_backends(config: ml_collections.ConfigDict, cache: ResponseCache
     generator_backend = make_backend(config.llm.generator)
     generator = CachedBackend(generator_backend, cache, answer_namespace(config.llm.generator.to_dict()),
                               per_request=remote(generator_backend))
-    if not bool((config.get("eval") or {}).get("judge", True)):
+    if not EvalConfig.from_config(config).judge:
         return generator_backend, generator, None
     judge_raw = make_backend(config.llm.judge)
     return generator_backend, generator, CachedBackend(judge_raw, cache, answer_namespace(config.llm.judge.to_dict()),
@@ -361,7 +355,7 @@ def _check_failures(config: ml_collections.ConfigDict, what: str, failed: Sequen
                     cache: Path, field: str) -> None:
     """Fails when more than `eval.max_failed_fraction` of `total` (episodes, judge requests) failed in the back end
     for good (each is counted in results.json and left out; a few are tolerated, a broken back end is not)."""
-    limit = float((config.get("eval") or {}).get("max_failed_fraction", 0.1))
+    limit = EvalConfig.from_config(config).max_failed_fraction
     if total and len(failed) / total > limit:
         raise EvaluationError(
             f"{len(failed)} of {total} {what} failed after all retries ({len(failed) / total:.1%} > "

@@ -14,7 +14,7 @@ from icml_jax.data.persona_world import PersonaWorldConfig
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig
 from icml_jax.rl.learner import LearnerConfig
-from icml_jax.run.runspec import LEARNER_LOOP_KEYS, CheckpointConfig, OnlineConfig, RunSpec
+from icml_jax.run.runspec import LEARNER_LOOP_KEYS, CheckpointConfig, EvalConfig, OnlineConfig, RunSpec
 from icml_jax.synthesis.config import SynthesisConfig
 from icml_jax.textcheck import TextLimits
 from icml_jax.train.supervised import RUN_FIELDS, WarmupConfig
@@ -38,6 +38,22 @@ def test_the_base_config_blocks_are_the_dataclass_defaults():
     assert base.online.to_dict() == dataclasses.asdict(OnlineConfig()) and spec.online == OnlineConfig()
     assert base.checkpoint.to_dict() == dataclasses.asdict(CheckpointConfig()) and spec.checkpoint == CheckpointConfig()
     assert dict(base.limits) == dataclasses.asdict(TextLimits()) and spec.limits == TextLimits()
+    assert base.eval.to_dict() == EvalConfig().to_dict() and spec.eval == EvalConfig()
+
+
+def test_the_eval_block_is_typed_and_refuses_what_cannot_run():
+    assert EvalConfig.from_config(None) == EvalConfig.from_config({}) == EvalConfig()  # no block: the defaults
+    config = load_config("gc_smollm2")
+    ev = RunSpec.from_config(config).eval
+    assert (ev.episodes, ev.reply_temperature, ev.bertscore_layer) == (13, 0.0, 6) and ev.prices == {}
+    for key, value, message in (("reply_temperature", 3.0, r"eval.reply_temperature must be a number in \[0, 2\]"),
+                                ("selection", "random", "eval.selection must be one of"),
+                                ("episodes", 0, "eval.episodes must be a positive int"),
+                                ("max_failed_fraction", 1.5, r"eval.max_failed_fraction must be in \[0, 1\]")):
+        with pytest.raises(ValueError, match=message):
+            EvalConfig.from_config({"eval": {key: value}})
+    with pytest.raises(ValueError, match=r"EvalConfig: unknown key\(s\) \['episode'\]"):
+        EvalConfig.from_config({"eval": {"episode": 5}})
 
 
 def test_each_block_is_built_once_and_missing_keys_take_the_dataclass_defaults():

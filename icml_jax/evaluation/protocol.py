@@ -28,6 +28,7 @@ from icml_jax.data.labels import SessionCounts, memory_label, session_counts
 from icml_jax.data.protocol import Target, final_session_targets
 from icml_jax.data.schema import Episode
 from icml_jax.llm.types import BackendError
+from icml_jax.run.runspec import EvalConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,12 +87,8 @@ class EvalAgent(Protocol):
 def reply_temperature(config: Any) -> float | None:
     """The temperature of the evaluation's target replies, `eval.reply_temperature` (0: greedy); None: each
     system's own reply temperature (`learner.reply_temperature`, sampled as the paper does)."""
-    value = (config.get("eval") or {}).get("reply_temperature") if config is not None else None
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 2.0:
-        raise ValueError(f"eval.reply_temperature must be a number in [0, 2] or None, got {value!r}")
-    return float(value)
+    value = EvalConfig.from_config(config).reply_temperature
+    return None if value is None else float(value)
 
 
 class PolicyAgent:

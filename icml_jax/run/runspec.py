@@ -1,7 +1,7 @@
 """The typed configs of a run, built from its ml_collections ConfigDict in one place.
 
 `RunSpec.from_config(config)` wraps the config; each typed block (observation, agent, learner, PPO, reward,
-warm-up, synthesis, world, limits, online, checkpointing, back ends) is built from it on first use and kept, so
+warm-up, synthesis, world, limits, online, checkpointing, evaluation, back ends) is built from it on first use and kept, so
 every stage and tool (main, chat, evaluate, experiments, baselines) reads the same objects. A key a block leaves
 out takes its dataclass's default: each default is defined once, in its dataclass. Blocks are built lazily, so a
 tool that needs one block (the chat: observation and agent) never fails on another's value.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ml_collections
@@ -47,6 +47,76 @@ class OnlineConfig:
     def from_config(cls, block: Any) -> OnlineConfig:
         """From the `online` block (None: the defaults); unknown keys are an error."""
         return cls(**known_fields(cls, block))
+
+
+EVAL_SELECTIONS = ("auto", "seeded", "theanine")  # EvalConfig.selection
+EVAL_NULLABLE = {"tfds_name": str, "bertscore_model": str, "mauve_model": str, "reply_temperature": float}  # None
+# by default: the ml_collections block holds a typed placeholder
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """- `episodes`: the protocol's episode count (the paper: 50).
+    - `tfds_name`: the built TFDS builder/config whose test splits the protocol reads; None: the dataset's own
+      (gapchat_episodes/protocol, ...); e.g. gapchat_episodes/sample for shared/data's 60 episodes.
+    - `selection`: auto (THEANINE's ids for MSC / CC when its ids file is there) | seeded | theanine; `seed`: the
+      seeded draw.
+    - `judge`: rate every reply on the five dimensions with `llm.judge`; `max_failed_fraction`: the share of
+      judge requests (and episodes) that may fail after all retries (counted, left out of the means).
+    - `learn`: learn online (PPO) on each episode's history sessions before answering its targets.
+    - `bertscore_model` / `bertscore_layer`: a local encoder dir for BERTScore and the hidden state bert-score
+      reads (the paper: roberta-large, layer 17; the fetched all-MiniLM-L6-v2 has 6, its magnitudes are not the
+      paper's); None: skipped. A layer the encoder lacks fails before the evaluation plays.
+    - `mauve_model` / `mauve_max_length`: a local Llama / Qwen2 / Qwen3 / Gemma3 dir whose last-token final hidden
+      states feed MAUVE (GPT-2, the paper's featurizer, does not load: magnitudes are not the paper's), and the
+      tokens per text; None: skipped.
+    - `reply_temperature`: the target replies' temperature (0: greedy); None: each system's own
+      `learner.reply_temperature` (sampled, as the paper).
+    - `memory_gain`: score each target's memory gain and NLL with the generator where it can (local back end).
+    - `prices`: an optional cost estimate, {"generator": {"input": USD, "output": USD} per 1M tokens, "judge": ...}.
+    """
+
+    episodes: int = 50
+    tfds_name: str | None = None
+    selection: str = "auto"
+    seed: int = 0
+    judge: bool = True
+    max_failed_fraction: float = 0.1
+    learn: bool = False
+    bertscore_model: str | None = None
+    bertscore_layer: int = 17
+    mauve_model: str | None = None
+    mauve_max_length: int = 256
+    reply_temperature: float | None = None
+    memory_gain: bool = True
+    prices: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Refuse a setting the evaluation cannot run, naming the key."""
+        if self.selection not in EVAL_SELECTIONS:
+            raise ValueError(f"eval.selection must be one of {EVAL_SELECTIONS}, got {self.selection!r}")
+        for name in ("episodes", "bertscore_layer", "mauve_max_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"eval.{name} must be a positive int, got {value!r}")
+        if not 0.0 <= self.max_failed_fraction <= 1.0:
+            raise ValueError(f"eval.max_failed_fraction must be in [0, 1], got {self.max_failed_fraction!r}")
+        t = self.reply_temperature
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= float(t) <= 2.0):
+            raise ValueError(f"eval.reply_temperature must be a number in [0, 2] or None, got {t!r}")
+
+    @classmethod
+    def from_config(cls, config: Any) -> EvalConfig:
+        """From a whole config's `eval` block (absent: the defaults); an unknown key is an error."""
+        block = config.get("eval") if config is not None else None
+        values = dict(block.to_dict() if hasattr(block, "to_dict") else block or {})
+        values["prices"] = dict(values.get("prices") or {})
+        return cls(**known_fields(cls, values))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of the fields (the block configs/base.py builds)."""
+        return {f.name: (dict(getattr(self, f.name)) if f.name == "prices" else getattr(self, f.name))
+                for f in dataclasses.fields(self)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +188,11 @@ class RunSpec:
     def checkpoint(self) -> CheckpointConfig:
         """The online checkpoints' interval and retention (`config.checkpoint`)."""
         return CheckpointConfig.from_config(self.config.get("checkpoint"))
+
+    @functools.cached_property
+    def eval(self) -> EvalConfig:
+        """How a system is evaluated on a real dataset's protocol (`config.eval`)."""
+        return EvalConfig.from_config(self.config)
 
     # ----------------------------------------------------------------------------------- synthesis and warm-up
 
