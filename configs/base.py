@@ -25,6 +25,7 @@ from icml_jax.llm.openai_compat import OPENAI_ONLY_KNOBS
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig
 from icml_jax.rl.learner import LearnerConfig
+from icml_jax.run.baseline_defaults import baselines_block
 from icml_jax.run.runspec import EVAL_NULLABLE, LEARNER_LOOP_KEYS, CheckpointConfig, EvalConfig, OnlineConfig
 from icml_jax.synthesis import default_config as synthesis_config
 from icml_jax.textcheck import TextLimits
@@ -116,81 +117,7 @@ def get_config() -> ml_collections.ConfigDict:
     # python -m icml_jax.evaluate (real datasets' protocol): icml_jax.run.runspec.EvalConfig says each key
     config.eval = ml_collections.ConfigDict({k: placeholder(EVAL_NULLABLE[k]) if v is None and k in EVAL_NULLABLE
                                              else v for k, v in EvalConfig().to_dict().items()})
-    config.baselines = ml_collections.ConfigDict(dict(  # icml_jax.baselines (Table 1's other systems); written out
-        # here because configs never import that package: tests/baselines checks it equals baselines.DEFAULTS
-        top_k=3,  # memories a retrieval baseline puts in the reply prompt (dense, memorybank, mem0)
-        encoder_model=placeholder(str),  # local dir that embeds texts: a BERT sentence encoder (e.g. all-MiniLM-L6-v2,
-        # `python -m icml_jax.models.fetch all-minilm-l6-v2`) or a HF decoder whose mean-pooled hidden states are
-        # used; None: config.model.path (model.kind "tiny": a random tiny decoder, a stand-in for tests)
-        encoder_max_length=128,  # tokens of a text the encoder reads
-        long_context_tokens=placeholder(int),  # long_context's memory budget; None: generator context - reply - prompt
-        # (a remote generator's llm.generator.context_tokens, else the backbone's max_position_embeddings)
-        long_context_margin=32,  # tokens long_context keeps free for the chat template
-        memorybank=ml_collections.ConfigDict(dict(
-            retention_threshold=0.1,  # forget memories with exp(-sessions since last recall / strength) below this
-            summary_max_tokens=192,
-            facts_max_tokens=512,
-            max_facts=10,  # facts extracted per session
-            relevance="dense",  # dense (the encoder) | bm25
-        )),
-        mem0=ml_collections.ConfigDict(dict(
-            similar=5,  # stored memories shown to each new fact's update decision
-            max_facts=5,  # facts extracted per turn
-            facts_max_tokens=256,
-            decide_max_tokens=256,
-            relevance="dense",  # dense (the encoder) | bm25
-        )),
-        rsum=ml_collections.ConfigDict(dict(
-            summary_max_tokens=256,  # the running summary, rewritten after each earlier session
-        )),
-        comedy=ml_collections.ConfigDict(dict(
-            session_max_tokens=192,  # one session's memory
-            compress_max_tokens=384,  # the compressive memory (profile, relationship, events)
-        )),
-        memochat=ml_collections.ConfigDict(dict(
-            memo_max_tokens=384,  # the topic memos of one session
-            retrieve_max_tokens=64,  # the memo ids picked for a reply (at most top_k memos are shown)
-        )),
-        ld_agent=ml_collections.ConfigDict(dict(
-            relevance="dense",  # dense (the encoder) | bm25: the semantic part of the event score
-            topic_weight=1.0,  # weight of the topic overlap (share of the query's content words)
-            recency_tau=10.0,  # sessions: event scores decay as exp(-sessions since / recency_tau)
-            max_traits=5,  # persona traits extracted per speaker and session
-            persona_shown=10,  # newest traits of each speaker's persona shown to a reply
-            summary_max_tokens=192,
-            persona_max_tokens=256,
-        )),
-        a_mem=ml_collections.ConfigDict(dict(
-            relevance="dense",  # dense (the encoder) | bm25: finds notes for linking and for replies
-            link_k=5,  # most similar stored notes shown to a new note's link / evolution decision (by the LLM)
-            neighbours=2,  # linked notes shown with each retrieved note
-            max_keywords=5,  # keywords per note
-            note_max_tokens=256,
-            evolve_max_tokens=256,
-        )),
-        memoryos=ml_collections.ConfigDict(dict(
-            relevance="dense",  # dense (the encoder) | bm25: page-segment similarity and retrieval
-            short_term_pages=7,  # STM queue length; the oldest page overflows to MTM (FIFO)
-            mid_term_segments=50,  # MTM capacity; beyond it the coldest segment is dropped
-            segment_threshold=0.6,  # relevance + Jaccard a page needs to join an existing segment
-            heat_threshold=5.0,  # heat (visits + new pages + recency) at which a segment is promoted
-            recency_tau=10.0,  # sessions: heat's recency term is exp(-sessions since last visit / tau)
-            pages_per_segment=3,  # pages of each retrieved segment shown to a reply
-            max_knowledge=100,  # user knowledge facts kept (FIFO)
-            knowledge_shown=5,  # most relevant knowledge facts shown to a reply
-            max_facts=5,  # facts one promotion may add
-            promote_max_tokens=384,
-        )),
-        theanine=ml_collections.ConfigDict(dict(
-            relevance="dense",  # dense (the encoder) | bm25: link candidates and reply anchors
-            link_candidates=5,  # earlier memories shown to a new memory's relation decision
-            timeline_length=5,  # memories on a retrieved timeline (nearest in links to the anchor)
-            max_facts=10,  # memories extracted per session
-            facts_max_tokens=512,
-            link_max_tokens=256,
-            refine_max_tokens=192,  # the refined timeline context a reply gets
-        )),
-    ))
+    config.baselines = baselines_block()  # icml_jax.baselines (Table 1's other systems): run.baseline_defaults
     config.experiments = ml_collections.ConfigDict(dict(  # python -m icml_jax.experiments (sizes per experiment)
         baselines=("no_memory", "long_context", "dense", "heuristic", "memorybank", "mem0",
                    "ld_agent", "a_mem", "memoryos", "theanine"),  # Table 1's rows

@@ -65,7 +65,7 @@ def baseline_factory(name: str) -> AgentFactory:
 
 
 def default_config() -> dict[str, Any]:
-    """A copy of the defaults of `config.baselines` (configs/base.py writes the same block literally)."""
+    """A copy of the defaults of `config.baselines` (`run.baseline_defaults`, which configs/base.py builds from)."""
     return baseline_settings(None)
 
 

@@ -23,86 +23,13 @@ from icml_jax.llm.types import LLMBackend
 from icml_jax.memory.fragment import Fragment
 from icml_jax.memory.store import MemoryStore
 from icml_jax.memory.writer import TurnToSave, commit_saves, condense, save_turns
+from icml_jax.run.baseline_defaults import BASELINE_DEFAULTS
 
 logger = logging.getLogger(__name__)
 
 Ref = tuple[str, int, int]  # (episode id, session, turn) of a source turn
 
-# The defaults of `config.baselines` (configs/base.py spells the same block out literally: configs never import
-# this package; tests/baselines checks the two agree).
-DEFAULTS: dict[str, Any] = {
-    "top_k": 3,  # memories a retrieval baseline puts in the reply prompt (dense, memorybank, mem0)
-    "encoder_model": None,  # local dir of the dense encoder: a BERT sentence encoder (e.g. all-minilm-l6-v2) or a
-    # HF decoder (mean-pooled states); None: config.model.path (tiny: random)
-    "encoder_max_length": 128,  # tokens of a text the encoder reads (the first ones)
-    "long_context_tokens": None,  # memory-block budget of long_context; None: from the generator's context (a
-    # remote one's llm.generator.context_tokens, else the backbone's)
-    "long_context_margin": 32,  # tokens kept free besides the reply and the rest of the prompt (chat template)
-    "memorybank": {
-        "retention_threshold": 0.1,  # memories whose retention exp(-dt / S) falls below this are forgotten
-        "summary_max_tokens": 192,
-        "facts_max_tokens": 512,
-        "max_facts": 10,  # facts extracted per session
-        "relevance": "dense",  # dense (the encoder, as MemoryBank's embedding index) | bm25
-    },
-    "mem0": {
-        "similar": 5,  # existing memories shown to the update decision of each new fact
-        "max_facts": 5,  # candidate facts extracted per turn
-        "facts_max_tokens": 256,
-        "decide_max_tokens": 256,
-        "relevance": "dense",  # dense (the encoder, as Mem0's vector store) | bm25
-    },
-    "rsum": {
-        "summary_max_tokens": 256,  # the running summary, rewritten after each earlier session
-    },
-    "comedy": {
-        "session_max_tokens": 192,  # one session's memory
-        "compress_max_tokens": 384,  # the compressive memory (profile, relationship, events)
-    },
-    "memochat": {
-        "memo_max_tokens": 384,  # the topic memos of one session
-        "retrieve_max_tokens": 64,  # the memo ids picked for a reply (at most top_k memos are shown)
-    },
-    "ld_agent": {
-        "relevance": "dense",  # dense (the encoder) | bm25: the semantic part of the event score
-        "topic_weight": 1.0,  # weight of the topic overlap (share of the query's content words) in the score
-        "recency_tau": 10.0,  # sessions: an event's score decays as exp(-sessions since it / recency_tau)
-        "max_traits": 5,  # persona traits extracted per speaker and session
-        "persona_shown": 10,  # newest traits of each speaker's persona shown to a reply
-        "summary_max_tokens": 192,
-        "persona_max_tokens": 256,
-    },
-    "a_mem": {
-        "relevance": "dense",  # dense (the encoder) | bm25: how notes are found for linking and for replies
-        "link_k": 5,  # most similar stored notes shown to a new note's link / evolution decision
-        "neighbours": 2,  # linked notes shown with each retrieved note
-        "max_keywords": 5,  # keywords per note
-        "note_max_tokens": 256,
-        "evolve_max_tokens": 256,
-    },
-    "memoryos": {
-        "relevance": "dense",  # dense (the encoder) | bm25: page-segment similarity and retrieval
-        "short_term_pages": 7,  # STM queue length; the oldest page overflows to MTM (FIFO)
-        "mid_term_segments": 50,  # MTM capacity; beyond it the coldest segment is dropped
-        "segment_threshold": 0.6,  # relevance + Jaccard a page needs to join an existing segment
-        "heat_threshold": 5.0,  # heat (visits + new pages + recency) at which a segment is promoted
-        "recency_tau": 10.0,  # sessions: the recency term of heat is exp(-sessions since last visit / tau)
-        "pages_per_segment": 3,  # pages of each retrieved segment shown to a reply
-        "max_knowledge": 100,  # user knowledge facts kept (FIFO)
-        "knowledge_shown": 5,  # most relevant knowledge facts shown to a reply
-        "max_facts": 5,  # facts one promotion may add
-        "promote_max_tokens": 384,
-    },
-    "theanine": {
-        "relevance": "dense",  # dense (the encoder) | bm25: link candidates and reply anchors
-        "link_candidates": 5,  # earlier memories shown to a new memory's relation decision
-        "timeline_length": 5,  # memories on a retrieved timeline (nearest in links to the anchor)
-        "max_facts": 10,  # memories extracted per session
-        "facts_max_tokens": 512,
-        "link_max_tokens": 256,
-        "refine_max_tokens": 192,  # the refined timeline context a reply gets
-    },
-}
+DEFAULTS = BASELINE_DEFAULTS  # the defaults of `config.baselines` (icml_jax.run.baseline_defaults)
 
 
 def _merge(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
