@@ -131,12 +131,7 @@ class PolicyAgent:
     def memorize(self, user_id, episode, session, turn, history):
         """Memory construction alone (the Planner's save), without the Trigger's choice `observe` also makes:
         (saved, milliseconds)."""
-        utterance = episode.sessions[session].turns[turn].text
-        start = time.perf_counter()
-        planner, _ = self.agent.remember(user_id, utterance, label=memory_label(episode.sessions[session].turns[turn]),
-                                         history=tuple(history), episode_id=episode.episode_id, session=session,
-                                         turn=turn)
-        return planner.save, 1e3 * (time.perf_counter() - start)
+        return self.memorize_many([(user_id, episode, session, turn, history)])[0]
 
     def memorize_many(self, items):
         """`memorize` for one turn of each of several users (user, episode, session, turn, history) in one batched
@@ -229,19 +224,17 @@ class LearningAgent(PolicyAgent):
     def memorize(self, user_id, episode, session, turn, history):
         """A turn of a conversation whose questions come after it (no session is scored): a turn of Algorithm 1
         on `episode` as given, whole (the caller gives it without questions or answers): (saved, milliseconds)."""
-        start = time.perf_counter()
-        (receipt,) = self.learner.step_turns([(episode, user_id, session, turn, tuple(history))])
-        return receipt.planner.save, 1e3 * (time.perf_counter() - start)
+        return self.memorize_many([(user_id, episode, session, turn, history)])[0]
 
     def memorize_many(self, items):
         """`memorize` for one turn of each of several users (user, episode, session, turn, history) in one batched
-        Planner step (`MemoryAgent.remember_many`); each turn's time is the step's share."""
+        learner step (Algorithm 1, as `observe_many` but on the whole episode); each turn's time is the step's
+        share."""
         start = time.perf_counter()
-        turns = [TurnInput(user, episode.sessions[s].turns[t].text, tuple(history), episode.episode_id, s, t,
-                           label=memory_label(episode.sessions[s].turns[t])) for user, episode, s, t, history in items]
-        saved = [planner.save for planner, _ in self.agent.remember_many(turns)]
+        receipts = self.learner.step_turns([(episode, user, s, t, tuple(history))
+                                            for user, episode, s, t, history in items])
         ms = 1e3 * (time.perf_counter() - start) / max(1, len(items))
-        return [(did, ms) for did in saved]
+        return [(r.planner.save, ms) for r in receipts]
 
     def recall_questions(self, user_id, episode, questions):
         """The conversation is over: the update its decisions wait for, then the greedy Trigger's recall."""

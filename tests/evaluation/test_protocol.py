@@ -105,3 +105,27 @@ def test_a_tick_shares_its_time_and_tokens_and_a_repeated_user_starts_a_new_grou
     twice = play(again, [EPISODES[0], EPISODES[0]], user_speaker="user", count_tokens=count_words)
     assert [users for kind, users in again.log if kind == "end"] == [("a",), ("a",)]  # never one user twice at once
     assert _plain(twice[0]) == _plain(twice[1])
+
+
+def test_a_learning_agent_memorizes_in_lockstep_through_the_learner():
+    """LoCoMo's ingestion in lockstep with `eval.learn` (ours_online): one learner step for the tick's users, each
+    episode whole (its questions come after it), so the turns are turns of Algorithm 1, not plain saves."""
+    from types import SimpleNamespace
+
+    from icml_jax.evaluation.protocol import LearningAgent
+
+    calls = []
+
+    class Learner:
+        agent = SimpleNamespace(config=None)
+
+        def step_turns(self, turns):
+            calls.append(turns)
+            return [SimpleNamespace(planner=SimpleNamespace(save=t == 0)) for _, _, _, t, _ in turns]
+
+    agent = LearningAgent(Learner(), lockstep=2)
+    a, b = EPISODES[0], EPISODES[1]
+    out = agent.memorize_many([("ua", a, 0, 0, ()), ("ub", b, 0, 1, [("user", "hi")])])
+    assert [saved for saved, _ in out] == [True, False] and out[0][1] == out[1][1]
+    assert calls == [[(a, "ua", 0, 0, ()), (b, "ub", 0, 1, (("user", "hi"),))]]
+    assert agent.memorize("ua", a, 0, 0, ())[0] and len(calls) == 2
