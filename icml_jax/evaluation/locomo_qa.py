@@ -99,13 +99,9 @@ def ingest(agent: Any, episode: Episode, *, user_speaker: str | None,
     """Builds `agent`'s memory of `episode` (user id: its episode_id) from every session in order, through
     `memorize` (construction without per-turn recall), on `user_speaker`'s turns (None: every turn)."""
     user, turns, saved, ms = episode.episode_id, 0, 0, 0.0
-    for s, session in enumerate(episode.sessions):
-        history: list[tuple[str, str]] = []
-        for t, turn in enumerate(session.turns):
-            if user_speaker is None or turn.speaker == user_speaker:
-                did, spent = agent.memorize(user, episode, s, t, tuple(history))
-                turns, saved, ms = turns + 1, saved + bool(did), ms + spent
-            history.append((turn.speaker, turn.text))
+    for s, t, history in agent_turns(episode, user_speaker):
+        did, spent = agent.memorize(user, episode, s, t, history)
+        turns, saved, ms = turns + 1, saved + bool(did), ms + spent
     texts = agent.memory_texts(user)
     return Ingested(turns, saved, len(texts), sum(count_tokens(x) for x in texts), ms)
 
