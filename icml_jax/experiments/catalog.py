@@ -314,32 +314,54 @@ def _judge_label(spec: str) -> str:
 
 
 LIKELIHOOD = "likelihood"  # experiments.judges entry: the likelihood reward (rl.likelihood) instead of a judge
+CONTROL = "control"  # "likelihood/<match>+control": that entry's proxy less its control text's (likelihood_control)
 
 
-def _likelihood_settings(ctx: Context) -> dict[str, Any]:
-    """The config's likelihood-reward settings (rl.config.LIKELIHOOD_KEYS), as provenance records them."""
+def _likelihood_settings(ctx: Context, spec: str = LIKELIHOOD) -> dict[str, Any]:
+    """The likelihood-reward settings (rl.config.LIKELIHOOD_KEYS) of a `likelihood` entry, as provenance records
+    them: the config's own for "likelihood"; "likelihood/<match>[+control]" sets likelihood_match to <match> and
+    likelihood_control to whether "+control" follows (the other keys stay the config's)."""
     reward = RewardConfig.from_dict(ctx.config.rl.reward.to_dict())
-    return {k: getattr(reward, k) for k in LIKELIHOOD_KEYS}
+    settings = {k: getattr(reward, k) for k in LIKELIHOOD_KEYS}
+    if spec != LIKELIHOOD:
+        match, _, control = spec.removeprefix(LIKELIHOOD + "/").partition("+")
+        if control not in ("", CONTROL):
+            raise ValueError(f"experiments.judges entry {spec!r}: after '+' only {CONTROL!r} is known")
+        settings |= {"likelihood_match": match, "likelihood_control": control == CONTROL}
+        RewardConfig.from_dict({**ctx.config.rl.reward.to_dict(), **settings})  # an unknown match raises here
+    return settings
+
+
+def _is_likelihood(spec: str) -> bool:
+    return spec == LIKELIHOOD or spec.startswith(LIKELIHOOD + "/")
 
 
 def _reward_model(ctx: Context, spec: str) -> dict[str, Any]:
-    """What `spec` of experiments.judges sets as the reward model: the likelihood reward, or a judge back end as
-    `llm.judge` with `rl.reward.source` "judge"."""
-    if spec == LIKELIHOOD:
-        return {"source": LIKELIHOOD, **_likelihood_settings(ctx)}
+    """What `spec` of experiments.judges sets as the reward model: the likelihood reward (its settings), or a judge
+    back end as `llm.judge` with `rl.reward.source` "judge"."""
+    if _is_likelihood(spec):
+        return {"source": LIKELIHOOD, **_likelihood_settings(ctx, spec)}
     return {"source": "judge", **_judge_block(ctx, spec)}
+
+
+def _likelihood_run(spec: str, block: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The online run's name and overrides of a likelihood entry: "reward_likelihood" for the plain entry,
+    "reward_likelihood_<match>[_control]" for a variant."""
+    name = "reward_likelihood" if spec == LIKELIHOOD else \
+        "reward_likelihood_" + spec.removeprefix(LIKELIHOOD + "/").replace("+", "_")
+    return name, {"rl.reward.source": LIKELIHOOD, **{f"rl.reward.{k}": block[k] for k in LIKELIHOOD_KEYS}}
 
 
 def judges(ctx: Context) -> Report:
     """Tables 7 and 11 as the paper runs them: online learning from the seed's warm-up with each reward model of
     `experiments.judges` (a judge back end as `llm.judge`: r_proxy and r_qual; or "likelihood", the label-free
-    reward of rl.likelihood), then the trained agent's automatic metrics; every evaluation is judged by the
-    config's own judge, so only the reward model differs."""
+    reward of rl.likelihood, or a variant of it, "likelihood/utterance+control"), then the trained agent's
+    automatic metrics; every evaluation is judged by the config's own judge, so only the reward model differs."""
     own_source = ctx.config.rl.reward.get("source", "judge")
     own = {"source": own_source, **(ctx.config.llm.judge.to_dict() if own_source == "judge" else
                                      _likelihood_settings(ctx))}
     specs = list(ctx.exp("judges", ("offline",)))
-    blocks = {spec if spec == LIKELIHOOD else _judge_label(spec): _reward_model(ctx, spec) for spec in specs}
+    blocks = {spec if _is_likelihood(spec) else _judge_label(spec): _reward_model(ctx, spec) for spec in specs}
     if len(blocks) < len(specs):
         raise ValueError(f"experiments.judges {specs}: two entries have the same name")
     variants = {}
@@ -348,7 +370,7 @@ def judges(ctx: Context) -> Report:
             variants[label] = lambda s: ours(ctx, s)
             continue
         if block["source"] == LIKELIHOOD:
-            name, over = "reward_likelihood", {"rl.reward.source": LIKELIHOOD}
+            name, over = _likelihood_run(label, block)
         else:
             judge = {k: v for k, v in block.items() if k != "source"}
             name, over = f"judge_{label}", {"llm.judge": ml_collections.ConfigDict(judge),

@@ -184,7 +184,9 @@ def test_judges_train_one_run_per_reward_model_and_score_all_with_the_config_jud
 
     def online_run(config, workdir, *, init_from, overrides=None):
         derived = runs.derive(config, overrides or {})
-        judge = derived.llm.judge.to_dict() if derived.rl.reward.source == "judge" else "likelihood"
+        reward = derived.rl.reward
+        judge = derived.llm.judge.to_dict() if reward.source == "judge" else \
+            f"likelihood {reward.likelihood_match} {reward.likelihood_control}"
         trained[workdir.name] = (judge, init_from)
         return workdir
 
@@ -198,26 +200,33 @@ def test_judges_train_one_run_per_reward_model_and_score_all_with_the_config_jud
     monkeypatch.setattr(runs, "online_run", online_run)
     monkeypatch.setattr(runs, "evaluate", evaluate)
     config = smoke_config()
-    config.experiments.judges = ("offline", "judge", str(local), "likelihood")
+    config.experiments.judges = ("offline", "judge", str(local), "likelihood", "likelihood/utterance+control")
     files = run_experiment("judges", config, tmp_path / "exp", [0], log=lambda line: None)
     content = json.loads(files["json"].read_text(encoding="utf-8"))
-    assert list(content["rows"]) == ["offline", "judge", local.name, "likelihood"]
+    assert list(content["rows"]) == ["offline", "judge", local.name, "likelihood", "likelihood/utterance+control"]
     assert content["reproduces"] == "Tables 7 and 11"
     block = {"kind": "local", "model_dir": str(local), "dtype": "float32", "max_output_tokens": 128}
     warmup = tmp_path / "exp" / "seed0" / "base" / "warmup"
     assert trained == {"ours": ({"kind": "offline"}, warmup), f"judge_{local.name}": (block, warmup),
-                       "reward_likelihood": ("likelihood", warmup)}
+                       "reward_likelihood": ("likelihood pair False", warmup),
+                       "reward_likelihood_utterance_control": ("likelihood utterance True", warmup)}
     assert evaluated == {"ours": {"kind": "offline"}, f"judge_{local.name}": {"kind": "offline"},
-                         "reward_likelihood": {"kind": "offline"}}
+                         "reward_likelihood": {"kind": "offline"},
+                         "reward_likelihood_utterance_control": {"kind": "offline"}}
     assert content["provenance"][local.name]["0"]["reward_model"] == {"source": "judge", **block}
     assert content["provenance"]["likelihood"]["0"]["reward_model"] == {
         "source": "likelihood", "likelihood_scale": 0.1, "likelihood_later_turns": 2, "likelihood_match": "pair",
         "likelihood_control": False}
+    assert content["provenance"]["likelihood/utterance+control"]["0"]["reward_model"]["likelihood_control"] is True
     assert _mean(content, "offline", "BLEU-4") == _mean(content, "judge", "BLEU-4") == 1.0
     assert _mean(content, local.name, "BLEU-4") == 2.0
     config.experiments.judges = ("offline", str(local), str(tmp_path / "exp" / ".." / local.name))
     with pytest.raises(ValueError, match="same name"):
         run_experiment("judges", config, tmp_path / "exp", [0], log=lambda line: None)
+    for bad, message in (("likelihood/utterance+other", "only 'control'"), ("likelihood/words", "likelihood_match")):
+        config.experiments.judges = (bad,)
+        with pytest.raises(ValueError, match=message):
+            run_experiment("judges", config, tmp_path / "exp", [0], log=lambda line: None)
 
 
 def test_rejudge_rejudges_every_system_and_identical_judges_agree(workdir):
