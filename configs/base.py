@@ -22,6 +22,7 @@ from icml_jax.data import persona_world_config
 from icml_jax.models import lora
 from icml_jax.llm.gemini import GeminiConfig
 from icml_jax.llm.openai_compat import OPENAI_ONLY_KNOBS
+from icml_jax.llm.registry import switchable_knobs
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig
 from icml_jax.rl.learner import LearnerConfig
@@ -46,6 +47,14 @@ def gemini_backend(model: str = "gemini-2.5-flash") -> ml_collections.ConfigDict
              "context_tokens": int, "structured_output": str, **OPENAI_ONLY_KNOBS}  # None by default, settable
     return ml_collections.ConfigDict(dict(kind="gemini", **{k: placeholder(typed[k]) if v is None and k in typed
                                                             else v for k, v in block.items()}))
+
+
+def backend_block(kind: str, **options: object) -> ml_collections.ConfigDict:
+    """A back-end block of `kind` with `options` and every remote knob (llm.registry.switchable_knobs) held as None,
+    which its kind ignores: `--config.llm.<role>.kind=openai` plus base_url, model and api_key_env=() on the
+    command line turns a local or offline block into a served one."""
+    knobs = {k: placeholder(t) for k, t in switchable_knobs().items() if k not in options}
+    return ml_collections.ConfigDict(dict(kind=kind, **options, **knobs))
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -30,7 +30,8 @@ def _base() -> types.ModuleType:
 
 def get_config() -> ml_collections.ConfigDict:
     """base.py with the demo's world, model, back ends and sizes."""
-    config = _base().get_config()
+    base = _base()
+    config = base.get_config()
     config.data.name = "persona_world"
     world = dataclasses.asdict(tiny.learning_world())
     for key, value in world.items():
@@ -43,8 +44,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.dtype = "float32"
     config.policy.pooling = "mean"
     config.policy.match_rank = 16
-    config.llm.generator = ml_collections.ConfigDict(dict(kind="offline"))
-    config.llm.judge = ml_collections.ConfigDict(dict(kind="offline"))
+    # offline back ends (the judge an oracle: it reads the world's labels); switchable to a served model with
+    # --config.llm.<role>.kind=openai and its base_url, model and api_key_env
+    config.llm.generator = base.backend_block("offline")
+    config.llm.judge = base.backend_block("offline")
     for key, value in dataclasses.asdict(tiny.learning_observation()).items():
         config.observation[key] = value
     # a small expert set from the same world: 12 seeds x 2 storylines x 3 prequels

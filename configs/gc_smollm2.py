@@ -62,9 +62,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.train_episodes = TRAIN_EPISODES
     config.data.max_session_turns = MAX_SESSION_TURNS
     smollm2, minilm = str(model_dir("smollm2-135m-instruct")), str(model_dir("all-minilm-l6-v2"))
-    local = dict(kind="local", model_dir=smollm2, dtype="float32", max_output_tokens=MAX_OUTPUT_TOKENS)
-    config.llm.generator = ml_collections.ConfigDict(local)
-    config.llm.judge = ml_collections.ConfigDict(dict(local, judge_mode="scores"))
+    local = dict(model_dir=smollm2, dtype="float32", max_output_tokens=MAX_OUTPUT_TOKENS)
+    backend_block = _load("base").backend_block  # switchable to a served model on the command line
+    config.llm.generator = backend_block("local", **local)
+    config.llm.judge = backend_block("local", **local, judge_mode="scores")
     # label-free rewards from SmolLM2's likelihood of the episode's own gold turns (rl.likelihood): its score-token
     # judge is at chance on real dialogue (docs/judges.md); the judge still rates the evaluation's replies
     config.rl.reward.source = "likelihood"

@@ -13,7 +13,7 @@ from typing import Any
 
 import ml_collections
 
-from icml_jax.llm.registry import kind_default
+from icml_jax.llm.registry import kind_default, switchable_knobs
 
 CHECKOUT = Path(__file__).resolve().parents[1]  # the repository holding this package (configs/ lives there)
 # Keys added to the config after runs were stored, each with the value that reproduces those runs: a stored config
@@ -77,11 +77,17 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _kind_defaults(flat: dict[str, Any]) -> dict[str, Any]:
-    """`flat` with each back-end block's structured_output left None read as its kind's own mode: configs stored
-    when the shared blocks spelt Gemini's json_schema out equal today's, which leave it to the kind."""
-    for key, value in flat.items():
-        if value is None and key.startswith("llm.") and key.endswith(".structured_output"):
-            flat[key] = kind_default(flat.get(key.rsplit(".", 1)[0] + ".kind"), "structured_output")
+    """`flat` with each back-end block's structured_output left None read as its kind's own mode (configs stored
+    when the shared blocks spelt Gemini's json_schema out equal today's, which leave it to the kind), and its other
+    switchable knobs left None read as absent (None there is the kind's default, as absence is)."""
+    knobs = switchable_knobs()
+    for key, value in list(flat.items()):
+        if value is None and key.startswith("llm."):
+            block, knob = key.rsplit(".", 1)
+            if knob == "structured_output":
+                flat[key] = kind_default(flat.get(block + ".kind"), "structured_output")
+            if knob in knobs and flat[key] is None:
+                del flat[key]
     return flat
 
 

@@ -47,7 +47,7 @@ from icml_jax.evaluation.report import TARGETS_JSONL, read_targets, write_output
 from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
 from icml_jax.llm.judges import PairwiseJudge, ProxyJudge, QualityJudge
 from icml_jax.llm.openai_compat import structured_mode_of
-from icml_jax.llm.registry import make_backend
+from icml_jax.llm.registry import make_backend, set_options
 from icml_jax.memory.store import MemoryStore
 from icml_jax.models.tokenizer import load_tokenizer
 from icml_jax.rl.learner import OnlineLearner
@@ -295,11 +295,11 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     turns = sum(len(r.construction_ms) + len(r.targets) for r in results)
     llm_usage = {role: backend_usage(b, turns, EvalConfig.from_config(config).prices.get(role))
                  for role, b in (("generator", generator), ("judge", judge_backend)) if b is not None}
-    judge_block = config.llm.judge.to_dict() if use_judge else None
+    judge_block = set_options(config.llm.judge) if use_judge else None
     setting = {"data": config.data.name, "episode_ids": [e.episode_id for e in episodes],
                "selection": "held-out persona-world episodes" if config.data.name == "persona_world"
                else eval_selection(config),
-               **provenance, "generator": config.llm.generator.to_dict(), "seed": int(config.seed),
+               **provenance, "generator": set_options(config.llm.generator), "seed": int(config.seed),
                "judge": (f"{judge_block.get('kind')} (an oracle: it reads the data's labels)"
                          if judge_block and judge_block.get("kind") == "offline" else judge_block),
                "greedy": True, "reply_temperature": _reply_temperature(config), "learning": {"online": learn, "updates": len(getattr(agent, "updates", []))},

@@ -63,3 +63,14 @@ def test_a_back_end_blocks_structured_output_left_to_its_kind_equals_the_kinds_m
         current = json.loads(json.dumps(base))
         current["llm"]["judge"]["kind"] = kind
         assert config_differences(stored, current) == ["llm.judge.structured_output"]
+
+
+def test_a_back_end_blocks_switchable_knobs_left_none_equal_their_absence():
+    """A block that gained the remote knobs as None placeholders (base.backend_block) still equals the block
+    stored without them: None there is the kind's default, as absence is; a set knob is a difference."""
+    current = load_config("configs/demo.py").to_dict()
+    stored = json.loads(json.dumps(current))
+    stored["llm"]["judge"] = {"kind": "offline"}
+    assert current["llm"]["judge"]["base_url"] is None and config_differences(stored, current) == []
+    current["llm"]["judge"]["base_url"] = "http://127.0.0.1:8000/v1"
+    assert config_differences(stored, current) == ["llm.judge.base_url"]

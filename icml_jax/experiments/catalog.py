@@ -29,7 +29,7 @@ from icml_jax.experiments.tables import Report, aggregate, metrics_of
 from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
 from icml_jax.llm.judges import QualityJudge
 from icml_jax.llm.local import DEFAULT_JUDGE_MODE, JUDGE_MODE_SCORES
-from icml_jax.llm.registry import make_backend
+from icml_jax.llm.registry import make_backend, set_options
 from icml_jax.rl.config import LIKELIHOOD_KEYS, RewardConfig
 from icml_jax.rl.save_log import pearson_or_none
 from icml_jax.run.agent_loading import find_checkpoint
@@ -299,7 +299,7 @@ def _judge_block(ctx: Context, spec: str) -> dict[str, Any]:
     if spec == "offline":
         return {"kind": "offline"}
     if spec in ("generator", "judge"):
-        return ctx.config.llm[spec].to_dict()
+        return set_options(ctx.config.llm[spec])
     path = Path(spec).expanduser()
     if not (path / "config.json").is_file():
         raise ValueError(f"experiments.judges entry {spec!r} is not offline / generator / judge or a local model "
@@ -358,7 +358,7 @@ def judges(ctx: Context) -> Report:
     reward of rl.likelihood, or a variant of it, "likelihood/utterance+control"), then the trained agent's
     automatic metrics; every evaluation is judged by the config's own judge, so only the reward model differs."""
     own_source = ctx.config.rl.reward.get("source", "judge")
-    own = {"source": own_source, **(ctx.config.llm.judge.to_dict() if own_source == "judge" else
+    own = {"source": own_source, **(set_options(ctx.config.llm.judge) if own_source == "judge" else
                                      _likelihood_settings(ctx))}
     specs = list(ctx.exp("judges", ("offline",)))
     blocks = {spec if _is_likelihood(spec) else _judge_label(spec): _reward_model(ctx, spec) for spec in specs}

@@ -17,14 +17,15 @@ import ml_collections
 from icml_jax.configlib import ConfigError
 from icml_jax.experiments.catalog import EXPERIMENTS, Context
 from icml_jax.experiments.tables import write
+from icml_jax.llm.registry import set_options
 
 
 def setting_of(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """What the tables say they were measured on: data, model, back ends (the offline judge named an oracle)."""
     model = (f"tiny random decoder (hidden {config.model.hidden}, {config.model.layers} layer(s))"
              if config.model.kind == "tiny" else str(config.model.path))
-    judge = config.llm.judge.to_dict()
-    return {"data": config.data.name, "model": model, "generator": config.llm.generator.to_dict(),
+    judge = set_options(config.llm.judge)
+    return {"data": config.data.name, "model": model, "generator": set_options(config.llm.generator),
             "judge": ("offline (an oracle: it reads the data's labels)" if judge.get("kind") == "offline"
                       else judge)}
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from icml_jax.llm.generation import generate_each
-from icml_jax.llm.registry import kind_default
+from icml_jax.llm.registry import is_remote, kind_default, switchable_knobs
 from icml_jax.llm.types import (
     BackendError,
     LLMBackend,
@@ -50,8 +50,11 @@ TRANSPORT_KNOBS = frozenset({"base_url", "timeout_s", "timeout_floor_s", "timeou
 def answer_namespace(block: Mapping[str, Any]) -> dict[str, Any]:
     """A back-end config block without its transport knobs: what identifies the answers it gives. A
     structured_output left None is the kind's own mode, named as such, so a block that spells the default out
-    and one that leaves it to the kind share their answers."""
-    namespace = {k: v for k, v in block.items() if k not in TRANSPORT_KNOBS}
+    and one that leaves it to the kind share their answers; the remote knobs a local or offline block holds as
+    None (a block switchable on the command line) name nothing."""
+    kind, knobs = block.get("kind"), switchable_knobs()
+    namespace = {k: v for k, v in block.items() if k not in TRANSPORT_KNOBS
+                 and (is_remote(kind) or v is not None or k not in knobs)}  # a local block's unused placeholders
     if "structured_output" in namespace and namespace["structured_output"] is None:
         namespace["structured_output"] = kind_default(namespace.get("kind"), "structured_output")
     return namespace

@@ -89,7 +89,7 @@ def remote_context_tokens(cfg: Any, where: str = "back end") -> int | None:
 
 
 def kind_default(kind: str | None, key: str) -> Any:
-    """The value a block of `kind` takes for `key` when it holds None (a KIND_DEFAULT_IF_NONE key): the kind's
+    """The value a block of `kind` takes for `key` when it holds None (a knob that cannot be None): the kind's
     config class default; None for a kind without that option (offline, local)."""
     build = {"gemini": _gemini_config, "openai": _openai_config}.get(kind or "")
     return getattr(build({}), key) if build is not None and key in _OPTIONS.get(kind or "", ()) else None
@@ -147,18 +147,52 @@ def make_backend(cfg: Any, **kwargs: Any) -> LLMBackend:
     return _FACTORIES[kind](values, **kwargs) if kwargs else _FACTORIES[kind](values)
 
 
-# Keys a config block may leave None to mean "this kind's default": a block shared by several kinds (switched
-# with --config.llm.<role>.kind=...) cannot hold one kind's API-key variables without sending them to another;
-# structured_output's defaults differ too (Gemini json_schema, OpenAI-compatible auto).
-KIND_DEFAULT_IF_NONE = ("api_key_env", "strict_schema", "max_tokens_field", "context_tokens", "structured_output")
+REMOTE_CONFIGS: tuple[type, ...] = (GeminiConfig, OpenAIConfig)  # the kinds a switchable block serves
+_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "tuple": tuple}
+
+
+def _admits_none(field: dataclasses.Field) -> bool:
+    return "None" in str(field.type)
+
+
+def _unset_if_none(cls: type) -> tuple[str, ...]:
+    """The knobs of `cls` that cannot be None, so None there means "this kind's default": a block shared by several
+    kinds (switched with --config.llm.<role>.kind=...) holds them as None, e.g. the API-key variables, which
+    differ per kind, and structured_output (Gemini json_schema, OpenAI-compatible auto)."""
+    return tuple(f.name for f in dataclasses.fields(cls) if not _admits_none(f))
+
+
+def switchable_knobs() -> dict[str, type]:
+    """The remote kinds' knobs that read None as their kind's default (those that cannot be None, and those whose
+    default is None), with their types: a block holding every one of them as None takes any kind on the command
+    line (`kind`, then the knobs that matter, e.g. base_url, model and api_key_env). timeout_tokens_per_s is not
+    one (None there means "timeout_s alone")."""
+    knobs: dict[str, type] = {}
+    for cls in REMOTE_CONFIGS:
+        for f in dataclasses.fields(cls):
+            if f.default is None or not _admits_none(f):
+                knobs.setdefault(f.name, _TYPES[str(f.type).replace(" ", "").split("|")[0].split("[")[0]])
+    return knobs
+
+
+def set_options(block: Mapping[str, Any]) -> dict[str, Any]:
+    """A back-end block without the switchable knobs it holds as None (its kind's defaults): two blocks that
+    build the same back end compare equal whether or not they carry the placeholders."""
+    knobs = switchable_knobs()
+    return {k: v for k, v in config_to_dict(block).items() if v is not None or k not in knobs}
+
+
+def is_remote(kind: str | None) -> bool:
+    """Whether `kind` is one of the remote kinds whose knobs switchable_knobs() lists."""
+    return kind in ("gemini", "openai")
 
 
 def _gemini_config(values: Mapping[str, Any]) -> Any:
-    return dataclass_from_config(GeminiConfig, values, unset_if_none=KIND_DEFAULT_IF_NONE)
+    return dataclass_from_config(GeminiConfig, values, unset_if_none=_unset_if_none(GeminiConfig))
 
 
 def _openai_config(values: Mapping[str, Any]) -> Any:
-    return dataclass_from_config(OpenAIConfig, values, unset_if_none=KIND_DEFAULT_IF_NONE)
+    return dataclass_from_config(OpenAIConfig, values, unset_if_none=_unset_if_none(OpenAIConfig))
 
 
 def _openai(values: Mapping[str, Any], **kwargs: Any) -> LLMBackend:

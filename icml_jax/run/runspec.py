@@ -21,7 +21,7 @@ from icml_jax.agents.observation import ObservationConfig
 from icml_jax.configlib import field_default, known_fields
 from icml_jax.data.persona_world import PersonaWorldConfig
 from icml_jax.data.stream import REAL_DATASETS, user_speaker
-from icml_jax.llm.registry import make_backend, remote_context_tokens
+from icml_jax.llm.registry import make_backend, remote_context_tokens, set_options
 from icml_jax.llm.types import LLMBackend
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig
@@ -261,7 +261,7 @@ class RunSpec:
     @property
     def judge_is_generator(self) -> bool:
         """Whether the judge and the generator are one back end (then one client serves both roles)."""
-        return self.config.llm.judge.to_dict() == self.config.llm.generator.to_dict()
+        return set_options(self.config.llm.judge) == set_options(self.config.llm.generator)
 
     # ---------------------------------------------------------------------------------------------- the chat
 

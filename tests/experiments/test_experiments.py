@@ -13,8 +13,10 @@ import pytest
 
 from icml_jax.experiments import runs
 from icml_jax.experiments.catalog import ABLATIONS, EXPERIMENTS, Context, ours
+from icml_jax.llm.registry import set_options
 from icml_jax.experiments.runner import _seeds_argv, run_experiment
 from icml_jax.run.runlog import read_metrics
+
 from tests.config_files import load_config
 
 ROOT = Path(__file__).parents[2]
@@ -185,13 +187,13 @@ def test_judges_train_one_run_per_reward_model_and_score_all_with_the_config_jud
     def online_run(config, workdir, *, init_from, overrides=None):
         derived = runs.derive(config, overrides or {})
         reward = derived.rl.reward
-        judge = derived.llm.judge.to_dict() if reward.source == "judge" else \
+        judge = set_options(derived.llm.judge) if reward.source == "judge" else \
             f"likelihood {reward.likelihood_match} {reward.likelihood_control}"
         trained[workdir.name] = (judge, init_from)
         return workdir
 
     def evaluate(config, workdir, root, *, system, checkpoint=None, factory=None):
-        evaluated[system] = config.llm.judge.to_dict()
+        evaluated[system] = set_options(config.llm.judge)
         with_local = system == f"judge_{local.name}"
         return {"generation": {"BLEU-4": 2.0 if with_local else 1.0}, "memory": {}, "efficiency": {},
                 "setting": {"episode_ids": ["e"], "selection": "seeded"}, "targets": 1}

@@ -703,14 +703,14 @@ def test_config_checks_and_registry(fake_openai, openai_env):
         check_backend({"kind": "openai", "modle": MODEL})
 
 
-def _command_line(*overrides: str) -> Any:
-    """configs/base.py with `overrides` parsed as `python -m icml_jax.main` parses them (absl config flags)."""
+def _command_line(*overrides: str, file: str = "base.py") -> Any:
+    """configs/<file> with `overrides` parsed as `python -m icml_jax.main` parses them (absl config flags)."""
     from absl import flags
     from ml_collections import config_flags
 
     from icml_jax.configlib import CHECKOUT
 
-    argv = ["main", f"--config={CHECKOUT / 'configs' / 'base.py'}", *overrides]
+    argv = ["main", f"--config={CHECKOUT / 'configs' / file}", *overrides]
     fv = flags.FlagValues()
     config_flags.DEFINE_config_file("config", None, flag_values=fv, lock_config=True, sys_argv=argv)
     fv(argv)
@@ -718,8 +718,6 @@ def _command_line(*overrides: str) -> Any:
 
 
 def test_a_gemini_block_switched_to_openai_on_the_command_line(fake_openai, openai_env, monkeypatch):
-    from icml_jax.llm.registry import KIND_DEFAULT_IF_NONE, dataclass_from_config
-
     monkeypatch.setenv("GEMINI_API_KEY", "gemini-key-must-stay-home")
     config = _command_line("--config.llm.judge.kind=openai", "--config.llm.judge.model=gpt-4o-mini",
                            f"--config.llm.judge.base_url={fake_openai.base_url}", "--config.llm.judge.max_attempts=2",
@@ -752,10 +750,41 @@ def test_a_gemini_block_switched_to_openai_on_the_command_line(fake_openai, open
         assert be.structured_mode == "auto"
     for kind, default in (("openai", "auto"), ("gemini", "json_schema")):  # None: each kind's own default
         block = {"kind": kind, "model": "m", "structured_output": None}
-        assert dataclass_from_config(OpenAIConfig if kind == "openai" else GeminiConfig, check_backend(block),
-                                     unset_if_none=KIND_DEFAULT_IF_NONE).structured_output == default
+        with make_backend(block) as be:
+            assert be.config.structured_output == default
     judge = check_backend(config.llm.judge, "config.llm.judge")  # untouched: still Gemini, with Gemini's key names
     with pytest.raises(AttributeError, match="strict"):  # a misspelt knob fails on the command line
         _command_line("--config.llm.judge.kind=openai", "--config.llm.judge.strict=True")
-    assert judge["kind"] == "gemini" and dataclass_from_config(GeminiConfig, judge, unset_if_none=KIND_DEFAULT_IF_NONE
-                                                               ).api_key_env == ("GEMINI_API_KEY", "GOOGLE_API_KEY")
+    assert judge["kind"] == "gemini"
+    with make_backend(judge) as be:
+        assert be.config.api_key_env == ("GEMINI_API_KEY", "GOOGLE_API_KEY")
+
+
+def test_a_local_or_offline_block_switches_to_a_keyless_server_with_kind_base_url_model_and_no_key(
+        fake_openai, openai_env, caplog):
+    """configs/demo.py's and gc_smollm2.py's blocks (base.backend_block) hold every remote knob as None: the
+    kind ignores them silently, and kind=openai with base_url, model and api_key_env=() on the command line gives
+    a keyless OpenAI-compatible back end with that kind's defaults; the local block's answers keep their keys."""
+    from icml_jax.llm.remote import RemoteConfig
+
+    demo = _command_line(file="demo.py")
+    with caplog.at_level("WARNING"):
+        assert check_backend(demo.llm.judge) == {"kind": "offline"}
+    assert not caplog.records  # the placeholders are no option anyone set
+    served = _command_line("--config.llm.judge.kind=openai", f"--config.llm.judge.base_url={fake_openai.base_url}",
+                           "--config.llm.judge.model=smollm2", "--config.llm.judge.api_key_env=()", file="demo.py")
+    with make_backend(served.llm.judge) as be:
+        assert be.config.api_key_env == () and be.config.model == "smollm2"
+        assert be.config.timeout_s == RemoteConfig.timeout_s and be.config.max_attempts == RemoteConfig.max_attempts
+        assert be.structured_mode == "auto"
+        (r,) = be.generate([LLMRequest(prompt="hi", json_schema=SCHEMA)])
+    assert r.ok_json and fake_openai.requests[-1]["authorization"] != f"Bearer {KEY}"  # no key sent
+    gc = _command_line(file="gc_smollm2.py").llm.generator.to_dict()
+    plain = {k: gc[k] for k in ("kind", "model_dir", "dtype", "max_output_tokens")}
+    assert answer_namespace(gc) == answer_namespace(plain)  # gc48's answer caches stay valid
+    with caplog.at_level("WARNING"):
+        switched = _command_line("--config.llm.generator.kind=openai", "--config.llm.generator.model=m",
+                                 "--config.llm.generator.base_url=http://127.0.0.1:1/v1",
+                                 "--config.llm.generator.api_key_env=()", file="gc_smollm2.py")
+        assert check_backend(switched.llm.generator)["base_url"] == "http://127.0.0.1:1/v1"
+    assert "ignores the other back ends' option(s) ['dtype', 'max_output_tokens', 'model_dir']" in caplog.text
