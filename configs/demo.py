@@ -48,6 +48,7 @@ def get_config() -> ml_collections.ConfigDict:
     # --config.llm.<role>.kind=openai and its base_url, model and api_key_env
     config.llm.generator = base.backend_block("offline")
     config.llm.judge = base.backend_block("offline")
+    config.llm.synthesizer = base.backend_block("offline")  # the world's templates, whatever writes the replies
     for key, value in dataclasses.asdict(tiny.learning_observation()).items():
         config.observation[key] = value
     # a small expert set from the same world: 12 seeds x 2 storylines x 3 prequels

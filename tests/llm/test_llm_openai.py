@@ -788,3 +788,57 @@ def test_a_local_or_offline_block_switches_to_a_keyless_server_with_kind_base_ur
                                  "--config.llm.generator.api_key_env=()", file="gc_smollm2.py")
         assert check_backend(switched.llm.generator)["base_url"] == "http://127.0.0.1:1/v1"
     assert "ignores the other back ends' option(s) ['dtype', 'max_output_tokens', 'model_dir']" in caplog.text
+
+
+def _instance(schema: dict[str, Any]) -> Any:
+    """A value of `schema`'s shape (objects, numbers in their bounds, strings, booleans, arrays, enums): what a
+    decoder constrained to the schema writes."""
+    kind = schema.get("type")
+    kind = next((k for k in kind if k != "null"), "null") if isinstance(kind, list) else kind
+    if schema.get("enum"):
+        return schema["enum"][0]
+    if kind == "object":
+        return {k: _instance(v) for k, v in (schema.get("properties") or {}).items()}
+    if kind in ("number", "integer"):
+        lo = schema.get("minimum", 0)
+        return lo + (1 if kind == "integer" else 0.5) * (schema.get("maximum", lo + 1) > lo)
+    if kind == "array":
+        return [_instance(schema.get("items") or {"type": "string"}) for _ in range(schema.get("minItems", 1))]
+    return {"string": "a short answer", "boolean": True}.get(kind)
+
+
+def test_a_demo_run_served_by_a_llama_cpp_python_shaped_server_completes_with_every_json_answer_parsed(
+        fake_openai, openai_env, tmp_path):
+    """Issue 54's target on the fake server's llama-cpp-python shape: configs/demo.py with its generator and judge
+    switched to kind=openai by base_url, model and api_key_env=() alone; json_schema is rejected once per back
+    end (a 500 validation body, never retried), every later JSON request goes as json_object with the schema,
+    and the run finishes with no retry, no failed request and no judge failure."""
+    import io
+
+    from icml_jax.run import pipeline
+    from icml_jax.run.runlog import read_metrics
+
+    def served(body: dict[str, Any]) -> dict[str, Any]:
+        fmt = body.get("response_format")
+        if fmt is not None and fmt.get("type") == "json_object" and isinstance(fmt.get("schema"), dict):
+            return ok(json.dumps(_instance(fmt["schema"])), 30, 12)
+        return llama_cpp_python(body)
+
+    fake_openai.responder = served
+    overrides = [f"--config.llm.{role}.{k}={v}" for role in ("generator", "judge") for k, v in (
+        ("kind", "openai"), ("base_url", fake_openai.base_url), ("model", "smollm2"), ("api_key_env", "()"))]
+    config = _command_line(*overrides, "--config.synthesis.num_seeds=2", "--config.synthesis.storylines_per_seed=1",
+                           "--config.data.train_episodes=2", "--config.data.eval_episodes=1", file="demo.py")
+    summary = pipeline.run(config, tmp_path / "work", out=io.StringIO())
+    assert summary["online"]["episodes"] == 2 and summary["online"]["updates"] == 2
+    formats = [r["body"].get("response_format") for r in fake_openai.requests]
+    rejected = [i for i, f in enumerate(formats) if f and f["type"] == "json_schema"]
+    assert len(rejected) == 1  # equal blocks: one back end serves both roles and probes once
+    later = [f for f in formats[max(rejected) + 1:] if f is not None]
+    assert later and all(f["type"] == "json_object" and isinstance(f.get("schema"), dict) for f in later)
+    episodes = [r for r in read_metrics(tmp_path / "work" / "metrics.jsonl")
+                if r.get("stage") == "online" and "episode" in r]
+    assert len(episodes) == 2 and all(r["llm/attempts"] > 0 for r in episodes)
+    assert all(r["llm/retries"] == r["llm/failures"] == 0 for r in episodes)
+    assert all(r[f"judge/{j}_failures"] == 0 for r in episodes for j in ("proxy", "quality"))
+    assert all(r["authorization"] != f"Bearer {KEY}" for r in fake_openai.requests)  # a keyless server
