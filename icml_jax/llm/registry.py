@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -91,8 +93,8 @@ def remote_context_tokens(cfg: Any, where: str = "back end") -> int | None:
 def kind_default(kind: str | None, key: str) -> Any:
     """The value a block of `kind` takes for `key` when it holds None (a knob that cannot be None): the kind's
     config class default; None for a kind without that option (offline, local)."""
-    build = {"gemini": _gemini_config, "openai": _openai_config}.get(kind or "")
-    return getattr(build({}), key) if build is not None and key in _OPTIONS.get(kind or "", ()) else None
+    return getattr(_remote_config(kind, {}), key) if is_remote(kind) and key in _OPTIONS.get(kind or "", ()) \
+        else None
 
 
 def api_key_variables(values: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
@@ -147,7 +149,7 @@ def make_backend(cfg: Any, **kwargs: Any) -> LLMBackend:
     return _FACTORIES[kind](values, **kwargs) if kwargs else _FACTORIES[kind](values)
 
 
-REMOTE_CONFIGS: tuple[type, ...] = (GeminiConfig, OpenAIConfig)  # the kinds a switchable block serves
+_REMOTE: dict[str, type] = {"gemini": GeminiConfig, "openai": OpenAIConfig}  # the kinds a switchable block serves
 _TYPES = {"str": str, "int": int, "float": float, "bool": bool, "tuple": tuple}
 
 
@@ -155,6 +157,7 @@ def _admits_none(field: dataclasses.Field) -> bool:
     return "None" in str(field.type)
 
 
+@functools.cache
 def _unset_if_none(cls: type) -> tuple[str, ...]:
     """The knobs of `cls` that cannot be None, so None there means "this kind's default": a block shared by several
     kinds (switched with --config.llm.<role>.kind=...) holds them as None, e.g. the API-key variables, which
@@ -162,17 +165,18 @@ def _unset_if_none(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if not _admits_none(f))
 
 
-def switchable_knobs() -> dict[str, type]:
+@functools.cache
+def switchable_knobs() -> Mapping[str, type]:
     """The remote kinds' knobs that read None as their kind's default (those that cannot be None, and those whose
     default is None), with their types: a block holding every one of them as None takes any kind on the command
     line (`kind`, then the knobs that matter, e.g. base_url, model and api_key_env). timeout_tokens_per_s is not
     one (None there means "timeout_s alone")."""
     knobs: dict[str, type] = {}
-    for cls in REMOTE_CONFIGS:
+    for cls in _REMOTE.values():
         for f in dataclasses.fields(cls):
             if f.default is None or not _admits_none(f):
                 knobs.setdefault(f.name, _TYPES[str(f.type).replace(" ", "").split("|")[0].split("[")[0]])
-    return knobs
+    return types.MappingProxyType(knobs)
 
 
 def set_options(block: Mapping[str, Any]) -> dict[str, Any]:
@@ -184,15 +188,21 @@ def set_options(block: Mapping[str, Any]) -> dict[str, Any]:
 
 def is_remote(kind: str | None) -> bool:
     """Whether `kind` is one of the remote kinds whose knobs switchable_knobs() lists."""
-    return kind in ("gemini", "openai")
+    return kind in _REMOTE
+
+
+def _remote_config(kind: str, values: Mapping[str, Any]) -> Any:
+    """The config dataclass of remote `kind` from a block's resolved options (None: the kind's default)."""
+    cls = _REMOTE[kind]
+    return dataclass_from_config(cls, values, unset_if_none=_unset_if_none(cls))
 
 
 def _gemini_config(values: Mapping[str, Any]) -> Any:
-    return dataclass_from_config(GeminiConfig, values, unset_if_none=_unset_if_none(GeminiConfig))
+    return _remote_config("gemini", values)
 
 
 def _openai_config(values: Mapping[str, Any]) -> Any:
-    return dataclass_from_config(OpenAIConfig, values, unset_if_none=_unset_if_none(OpenAIConfig))
+    return _remote_config("openai", values)
 
 
 def _openai(values: Mapping[str, Any], **kwargs: Any) -> LLMBackend:
