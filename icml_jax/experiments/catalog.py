@@ -315,19 +315,31 @@ def _judge_label(spec: str) -> str:
 
 LIKELIHOOD = "likelihood"  # experiments.judges entry: the likelihood reward (rl.likelihood) instead of a judge
 CONTROL = "control"  # "likelihood/<match>+control": that entry's proxy less its control text's (likelihood_control)
+COST = "cost"  # "likelihood/<match>+cost<c>": that entry's Planner save cost (rl.reward.save_cost) is c
+REWARD_KEYS = (*LIKELIHOOD_KEYS, "save_cost")  # what a likelihood entry sets, as provenance records it
 
 
 def _likelihood_settings(ctx: Context, spec: str = LIKELIHOOD) -> dict[str, Any]:
-    """The likelihood-reward settings (rl.config.LIKELIHOOD_KEYS) of a `likelihood` entry, as provenance records
-    them: the config's own for "likelihood"; "likelihood/<match>[+control]" sets likelihood_match to <match> and
-    likelihood_control to whether "+control" follows (the other keys stay the config's)."""
+    """The reward settings (`REWARD_KEYS`) of a `likelihood` entry, as provenance records them: the config's own
+    for "likelihood"; "likelihood/<match>[+control][+cost<c>]" sets likelihood_match to <match>,
+    likelihood_control to whether "+control" is there and save_cost to c where given (the rest stay the
+    config's): a calibrated proxy's zero is a control text's gain, so it needs its own save cost."""
     reward = RewardConfig.from_dict(ctx.config.rl.reward.to_dict())
-    settings = {k: getattr(reward, k) for k in LIKELIHOOD_KEYS}
+    settings = {k: getattr(reward, k) for k in REWARD_KEYS}
     if spec != LIKELIHOOD:
-        match, _, control = spec.removeprefix(LIKELIHOOD + "/").partition("+")
-        if control not in ("", CONTROL):
-            raise ValueError(f"experiments.judges entry {spec!r}: after '+' only {CONTROL!r} is known")
-        settings |= {"likelihood_match": match, "likelihood_control": control == CONTROL}
+        match, *options = spec.removeprefix(LIKELIHOOD + "/").split("+")
+        settings |= {"likelihood_match": match, "likelihood_control": False}
+        for option in options:
+            if option == CONTROL:
+                settings["likelihood_control"] = True
+            elif option.startswith(COST):
+                try:
+                    settings["save_cost"] = float(option.removeprefix(COST))
+                except ValueError:
+                    raise ValueError(f"experiments.judges entry {spec!r}: {option!r} is not {COST}<number>") from None
+            else:
+                raise ValueError(f"experiments.judges entry {spec!r}: after '+' only {CONTROL!r} and "
+                                 f"'{COST}<number>' are known, got {option!r}")
         RewardConfig.from_dict({**ctx.config.rl.reward.to_dict(), **settings})  # an unknown match raises here
     return settings
 
@@ -346,16 +358,16 @@ def _reward_model(ctx: Context, spec: str) -> dict[str, Any]:
 
 def _likelihood_run(spec: str, block: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The online run's name and overrides of a likelihood entry: "reward_likelihood" for the plain entry,
-    "reward_likelihood_<match>[_control]" for a variant."""
+    "reward_likelihood_<match>[_control][_cost<c>]" for a variant."""
     name = "reward_likelihood" if spec == LIKELIHOOD else \
         "reward_likelihood_" + spec.removeprefix(LIKELIHOOD + "/").replace("+", "_")
-    return name, {"rl.reward.source": LIKELIHOOD, **{f"rl.reward.{k}": block[k] for k in LIKELIHOOD_KEYS}}
+    return name, {"rl.reward.source": LIKELIHOOD, **{f"rl.reward.{k}": block[k] for k in REWARD_KEYS}}
 
 
 def judges(ctx: Context) -> Report:
     """Tables 7 and 11 as the paper runs them: online learning from the seed's warm-up with each reward model of
     `experiments.judges` (a judge back end as `llm.judge`: r_proxy and r_qual; or "likelihood", the label-free
-    reward of rl.likelihood, or a variant of it, "likelihood/utterance+control"), then the trained agent's
+    reward of rl.likelihood, or a variant of it, "likelihood/utterance+control+cost0.1"), then the trained agent's
     automatic metrics; every evaluation is judged by the config's own judge, so only the reward model differs."""
     own_source = ctx.config.rl.reward.get("source", "judge")
     own = {"source": own_source, **(set_options(ctx.config.llm.judge) if own_source == "judge" else

@@ -188,7 +188,7 @@ def test_judges_train_one_run_per_reward_model_and_score_all_with_the_config_jud
         derived = runs.derive(config, overrides or {})
         reward = derived.rl.reward
         judge = set_options(derived.llm.judge) if reward.source == "judge" else \
-            f"likelihood {reward.likelihood_match} {reward.likelihood_control}"
+            f"likelihood {reward.likelihood_match} {reward.likelihood_control} {reward.save_cost}"
         trained[workdir.name] = (judge, init_from)
         return workdir
 
@@ -202,30 +202,35 @@ def test_judges_train_one_run_per_reward_model_and_score_all_with_the_config_jud
     monkeypatch.setattr(runs, "online_run", online_run)
     monkeypatch.setattr(runs, "evaluate", evaluate)
     config = smoke_config()
-    config.experiments.judges = ("offline", "judge", str(local), "likelihood", "likelihood/utterance+control")
+    config.experiments.judges = ("offline", "judge", str(local), "likelihood", "likelihood/utterance+control",
+                                 "likelihood/utterance+control+cost0.1")
     files = run_experiment("judges", config, tmp_path / "exp", [0], log=lambda line: None)
     content = json.loads(files["json"].read_text(encoding="utf-8"))
-    assert list(content["rows"]) == ["offline", "judge", local.name, "likelihood", "likelihood/utterance+control"]
+    assert list(content["rows"]) == ["offline", "judge", local.name, "likelihood", "likelihood/utterance+control",
+                                     "likelihood/utterance+control+cost0.1"]
     assert content["reproduces"] == "Tables 7 and 11"
     block = {"kind": "local", "model_dir": str(local), "dtype": "float32", "max_output_tokens": 128}
     warmup = tmp_path / "exp" / "seed0" / "base" / "warmup"
     assert trained == {"ours": ({"kind": "offline"}, warmup), f"judge_{local.name}": (block, warmup),
-                       "reward_likelihood": ("likelihood pair False", warmup),
-                       "reward_likelihood_utterance_control": ("likelihood utterance True", warmup)}
+                       "reward_likelihood": ("likelihood pair False 0.5", warmup),
+                       "reward_likelihood_utterance_control": ("likelihood utterance True 0.5", warmup),
+                       "reward_likelihood_utterance_control_cost0.1": ("likelihood utterance True 0.1", warmup)}
     assert evaluated == {"ours": {"kind": "offline"}, f"judge_{local.name}": {"kind": "offline"},
                          "reward_likelihood": {"kind": "offline"},
-                         "reward_likelihood_utterance_control": {"kind": "offline"}}
+                         "reward_likelihood_utterance_control": {"kind": "offline"},
+                         "reward_likelihood_utterance_control_cost0.1": {"kind": "offline"}}
     assert content["provenance"][local.name]["0"]["reward_model"] == {"source": "judge", **block}
     assert content["provenance"]["likelihood"]["0"]["reward_model"] == {
         "source": "likelihood", "likelihood_scale": 0.1, "likelihood_later_turns": 2, "likelihood_match": "pair",
-        "likelihood_control": False}
+        "likelihood_control": False, "save_cost": 0.5}
     assert content["provenance"]["likelihood/utterance+control"]["0"]["reward_model"]["likelihood_control"] is True
     assert _mean(content, "offline", "BLEU-4") == _mean(content, "judge", "BLEU-4") == 1.0
     assert _mean(content, local.name, "BLEU-4") == 2.0
     config.experiments.judges = ("offline", str(local), str(tmp_path / "exp" / ".." / local.name))
     with pytest.raises(ValueError, match="same name"):
         run_experiment("judges", config, tmp_path / "exp", [0], log=lambda line: None)
-    for bad, message in (("likelihood/utterance+other", "only 'control'"), ("likelihood/words", "likelihood_match")):
+    for bad, message in (("likelihood/utterance+other", "only 'control'"), ("likelihood/words", "likelihood_match"),
+                         ("likelihood/utterance+costly", "not cost<number>"), ("likelihood/pair+cost-1", "save_cost")):
         config.experiments.judges = (bad,)
         with pytest.raises(ValueError, match=message):
             run_experiment("judges", config, tmp_path / "exp", [0], log=lambda line: None)
