@@ -5,8 +5,8 @@ demo at the old commit and at the new one into two workdirs, then
     python scripts/compare_metrics.py /tmp/demo_old /tmp/demo_new
 
 Prints every difference (row, key, both values) and exits 1 if there is one, 0 if none. A key is a timing when
-its last part names a duration or a rate (`TIMING_WORDS`); a value is a path when it is a string starting with
-"/" or "~". Numbers must be equal exactly unless `--rtol` allows more (bitwise equality is what an unchanged
+its last part names a duration or a rate (`TIMING_WORDS`); each run's own workdir in a string reads as "<workdir>",
+and any other string starting with "/" or "~" is a path and left out. Numbers must be equal exactly unless `--rtol` allows more (bitwise equality is what an unchanged
 program on the same host gives).
 """
 
@@ -36,6 +36,22 @@ def is_timing(key: str) -> bool:
 def is_path(value: Any) -> bool:
     """A string that names a file-system location (differs between two workdirs by construction)."""
     return isinstance(value, str) and value.startswith(("/", "~"))
+
+
+def with_workdir(rows: list[dict[str, Any]], workdir: Path) -> list[dict[str, Any]]:
+    """The rows with the run's workdir (as given and absolute) written "<workdir>" in every string."""
+    names = sorted({str(workdir), str(workdir.resolve())}, key=len, reverse=True)
+
+    def fix(x: Any) -> Any:
+        if isinstance(x, str):
+            for name in names:
+                x = x.replace(name, "<workdir>")
+            return x
+        if isinstance(x, Mapping):
+            return {k: fix(v) for k, v in x.items()}
+        return [fix(v) for v in x] if isinstance(x, list) else x
+
+    return [fix(row) for row in rows]
 
 
 def flatten(row: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -96,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("new", type=Path, help="the other run's workdir (or its metrics.jsonl)")
     parser.add_argument("--rtol", type=float, default=0.0, help="relative tolerance on numbers (default: exact)")
     args = parser.parse_args(argv)
-    old, new = read_rows(args.old), read_rows(args.new)
+    roots = [p.parent if p.name == METRICS else p for p in (args.old, args.new)]
+    old, new = (with_workdir(read_rows(p), root) for p, root in zip((args.old, args.new), roots))
     diffs = differences(old, new, args.rtol)
     for line in diffs:
         print(line)

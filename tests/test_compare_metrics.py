@@ -57,6 +57,15 @@ def test_every_changed_value_missing_key_and_row_is_reported_and_exit_1(tmp_path
     assert "5 difference(s)" in capsys.readouterr().out
 
 
+def test_each_runs_own_workdir_reads_the_same_in_both(tmp_path):
+    rows = {name: [{"checkpoint": f"{tmp_path / name}/warmup", "note": f"saved under {tmp_path / name}"}]
+            for name in ("a", "b")}
+    old, new = (compare.with_workdir(rows[n], tmp_path / n) for n in ("a", "b"))
+    assert old == new == [{"checkpoint": "<workdir>/warmup", "note": "saved under <workdir>"}]
+    assert compare.differences(rows["a"], rows["b"]) == [f"row 0: note: 'saved under {tmp_path / 'a'}' != "
+                                                         f"'saved under {tmp_path / 'b'}'"]
+
+
 def test_nan_equals_nan_and_bools_are_not_numbers():
     assert compare.same(math.nan, math.nan, 0.0)
     assert not compare.same(math.nan, 1.0, 0.5)
