@@ -39,6 +39,7 @@ from typing import Any
 
 import ml_collections
 
+from icml_jax.data.config import DATASETS, PERSONA_WORLD, REAL_DATASETS
 from icml_jax.data.persona_world import PersonaWorldConfig, generate_episode, generate_episodes
 from icml_jax.data.pipeline import ShardSpec, tfds_source, train_pipeline
 from icml_jax.data.schema import Episode
@@ -46,9 +47,6 @@ from icml_jax.data.sources.locomo import without_labels
 from icml_jax.data.tfds_builders import BUILDERS
 
 EVAL_OFFSET = 1_000_000  # held-out persona-world episodes are generated from this index on
-PERSONA_WORLD = "persona_world"
-REAL_DATASETS = ("msc", "cc", "gapchat", "locomo")
-DATASETS = (PERSONA_WORLD, *REAL_DATASETS)
 BUILD_HINT = ("build it with `python -m icml_jax.data.build_cli --dataset=<tfds_name> --manual_dir=<raw files> "
               "--data_dir=<data_dir>` (docs/data.md)")
 
