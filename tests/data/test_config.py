@@ -6,12 +6,16 @@ import pytest
 
 from icml_jax.data.config import DataConfig, data_config
 from icml_jax.data.persona_world import PersonaWorldConfig
+from icml_jax.run.runspec import RunSpec
 from tests.config_files import load_config
 
 
-def test_the_base_data_block_is_the_dataclass_defaults():
+def test_the_base_data_block_is_the_dataclass_defaults_and_the_runspec_builds_it_once():
     base = load_config("base")
-    assert base.data.to_dict() == DataConfig().to_dict() and data_config(base) == DataConfig()
+    assert base.data.to_dict() == DataConfig().to_dict()
+    spec = RunSpec.from_config(base)
+    assert spec.data == DataConfig() == data_config(base) and spec.data is spec.data
+    assert spec.world is spec.data.world and spec.world == PersonaWorldConfig()
     base.data.data_dir, base.data.max_session_turns = "/tmp/tfds", 4  # the placeholders stay settable
     assert (base.data.data_dir, base.data.max_session_turns) == ("/tmp/tfds", 4)
 
