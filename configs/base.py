@@ -21,6 +21,7 @@ from icml_jax.agents.observation import ObservationConfig
 from icml_jax.data import persona_world_config
 from icml_jax.data.config import DATA_NULLABLE, DataConfig
 from icml_jax.models import lora
+from icml_jax.models.backbone import MODEL_NULLABLE, BackboneConfig
 from icml_jax.llm.gemini import GeminiConfig
 from icml_jax.llm.openai_compat import OPENAI_ONLY_KNOBS
 from icml_jax.llm.registry import switchable_knobs
@@ -68,15 +69,10 @@ def get_config() -> ml_collections.ConfigDict:
     data = dict(DataConfig().to_dict(), world=persona_world_config())
     config.data = ml_collections.ConfigDict({k: placeholder(DATA_NULLABLE[k]) if v is None and k in DATA_NULLABLE
                                              else v for k, v in data.items()})
-    config.model = ml_collections.ConfigDict(dict(
-        kind="pretrained",  # pretrained: a local HF directory at `path`; tiny: a random decoder (demo, tests)
-        path=placeholder(str),  # local Hugging Face directory (config.json + safetensors); nothing is downloaded
-        dtype="bfloat16",
-        hidden=64,  # tiny only: width, layers, and whether LoRA adapters are added
-        layers=1,
-        tiny_lora=False,
-        trigger_hidden=placeholder(int),  # tiny only: the Trigger's own backbone of this width (None: shared)
-    ))
+    # the policies' backbone: kind pretrained (a local HF directory at `path`, nothing is downloaded) | tiny (a
+    # random decoder: demo, tests), its dtype, the tiny decoder's sizes (icml_jax.models.backbone says each key)
+    config.model = ml_collections.ConfigDict({k: placeholder(MODEL_NULLABLE[k]) if v is None and k in MODEL_NULLABLE
+                                              else v for k, v in BackboneConfig().to_dict().items()})
     config.policy = policy_build.default_config()
     config.policy.planner_model = config.model.get_ref("path")  # the Planner's backbone is the model by default
     config.policy.dtype = config.model.get_ref("dtype")
