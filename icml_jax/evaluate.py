@@ -50,6 +50,7 @@ from icml_jax.llm.judges import PairwiseJudge, ProxyJudge, QualityJudge
 from icml_jax.llm.openai_compat import structured_mode_of
 from icml_jax.llm.registry import make_backend, set_options
 from icml_jax.memory.store import MemoryStore
+from icml_jax.models.backbone import TINY
 from icml_jax.models.tokenizer import load_tokenizer
 from icml_jax.rl.learner import OnlineLearner
 from icml_jax.rl.likelihood import reward_judges
@@ -192,12 +193,14 @@ class EvalContext:
 AgentFactory = Callable[[EvalContext], tuple[Any, dict[str, Any]]]  # -> (EvalAgent, provenance for the setting)
 
 
-def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path):
+def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path, spec: RunSpec | None = None):
     """The backbone's tokenizer without the policies: tiny (the world's words, as `builders.build_models`) or the
-    pretrained checkpoint's; token counts of every system are in this tokenizer."""
-    if config.model.kind == "tiny":
-        return build_tiny_tokenizer(config, workdir)
-    return load_tokenizer(config.model.path)
+    pretrained checkpoint's; token counts of every system are in this tokenizer. `spec`: the run's typed configs
+    when the caller holds them (else built from `config`)."""
+    spec = spec if spec is not None else RunSpec.from_config(config)
+    if spec.model.kind == TINY:
+        return build_tiny_tokenizer(config, workdir, spec)
+    return load_tokenizer(spec.model.path)
 
 
 def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
@@ -261,7 +264,7 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     if not episodes:
         raise ValueError(f"no evaluation episodes for data {spec.data.name!r}")
     _model_metric_settings(config)  # BERTScore / MAUVE models checked before anything is played
-    tokenizer = build_tokenizer(config, workdir)
+    tokenizer = build_tokenizer(config, workdir, spec)
     cache = ResponseCache(Path(cache_path) if cache_path else out_dir / CACHE_FILE)
     generator_backend, generator, judge_backend = _cached_backends(config, cache)
     use_judge = judge_backend is not None

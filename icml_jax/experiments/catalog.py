@@ -31,6 +31,7 @@ from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
 from icml_jax.llm.judges import QualityJudge
 from icml_jax.llm.local import DEFAULT_JUDGE_MODE, JUDGE_MODE_SCORES
 from icml_jax.llm.registry import make_backend, set_options
+from icml_jax.models.backbone import TINY
 from icml_jax.rl.config import LIKELIHOOD_KEYS, RewardConfig
 from icml_jax.rl.save_log import pearson_or_none
 from icml_jax.run.agent_loading import find_checkpoint
@@ -562,9 +563,10 @@ def synthesis_direction(ctx: Context) -> Report:
 def size_grid(ctx: Context) -> Report:
     """Figure 6: Planner backbone size x Trigger backbone size (a different backbone per agent)."""
     sizes = list(ctx.exp("size_grid", ()))
-    tiny = ctx.config.model.kind == "tiny"
+    model = RunSpec.from_config(ctx.config).model
+    tiny = model.kind == TINY
     if not sizes:
-        sizes = [int(ctx.config.model.hidden)] if tiny else [ctx.config.model.path]
+        sizes = [model.hidden] if tiny else [model.path]
     report = Report("size_grid", "Planner size x Trigger size", "Figure 6",
                     {"planner": "Planner", "trigger": "Trigger", **MEMORY_COLUMNS, "Memorability": "Memorability"},
                     {}, row_header="Planner x Trigger")

@@ -1,10 +1,10 @@
 """The typed configs of a run, built from its ml_collections ConfigDict in one place.
 
-`RunSpec.from_config(config)` wraps the config; each typed block (observation, agent, learner, PPO, reward,
-warm-up, synthesis, data, world, limits, online, checkpointing, evaluation, back ends) is built from it on first use and kept, so
-every stage and tool (main, chat, evaluate, experiments, baselines) reads the same objects. A key a block leaves
-out takes its dataclass's default: each default is defined once, in its dataclass. Blocks are built lazily, so a
-tool that needs one block (the chat: observation and agent) never fails on another's value.
+`RunSpec.from_config(config)` wraps the config; each typed block (model, observation, agent, learner, PPO, reward,
+warm-up, synthesis, data, world, limits, online, checkpointing, evaluation, back ends) is built from it on first use
+and kept, so every stage and tool (main, chat, evaluate, experiments, baselines) reads the same objects. A key a
+block leaves out takes its dataclass's default: each default is defined once, in its dataclass. Blocks are built
+lazily, so a tool that needs one block (the chat: observation and agent) never fails on another's value.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from icml_jax.data.persona_world import PersonaWorldConfig
 from icml_jax.data.stream import user_speaker
 from icml_jax.llm.registry import make_backend, remote_context_tokens, set_options
 from icml_jax.llm.types import LLMBackend
+from icml_jax.models.backbone import BackboneConfig
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig
 from icml_jax.rl.learner import LearnerConfig
@@ -144,6 +145,13 @@ class RunSpec:
     def from_config(cls, config: ml_collections.ConfigDict) -> RunSpec:
         """The spec of `config` (nothing is built until a block is read; `validation` reads the ones a run uses)."""
         return cls(config)
+
+    # ------------------------------------------------------------------------------------------- the backbone
+
+    @functools.cached_property
+    def model(self) -> BackboneConfig:
+        """The policies' backbone (`config.model`): a local checkpoint or the tiny decoder, and its dtype."""
+        return BackboneConfig.from_config(self.config.model)
 
     # ---------------------------------------------------------------------------------------- the policies' view
 

@@ -20,6 +20,7 @@ from icml_jax.data.stream import check_data_config
 from icml_jax.llm.registry import api_key_variables, check_backend
 from icml_jax.llm.remote import read_api_key
 from icml_jax.llm.types import MissingAPIKeyError
+from icml_jax.models.backbone import PRETRAINED, TINY
 from icml_jax.rl.learner import LearnerConfig
 from icml_jax.run.runspec import RunSpec
 from icml_jax.run.stages import STAGES
@@ -59,8 +60,12 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
         if not manifest.is_file():
             raise ConfigError(f"config.mode runs 'warmup' without 'synthesize' but {manifest} does not exist; "
                               f"add 'synthesize' to config.mode or synthesize into that directory first")
-    if config.model.kind == "pretrained":
-        path = config.model.path
+    try:  # kind, dtype and sizes are checked as the typed block is built
+        model = spec.model
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if model.kind == PRETRAINED:
+        path = model.path
         if not path:
             raise ConfigError("config.model.path is not set: point it at a local Hugging Face checkpoint "
                               "directory (config.json + *.safetensors), e.g. --config.model.path=/models/Qwen3-1.7B")
@@ -71,12 +76,9 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
         if trigger and not (Path(trigger).expanduser() / "config.json").is_file():
             raise ConfigError(f"config.policy.trigger_model={trigger!r}: no config.json there; expected a local "
                               f"Hugging Face checkpoint directory")
-    elif config.model.kind == "tiny":
-        if spec.data.name != PERSONA_WORLD:
-            raise ConfigError("config.model.kind='tiny' builds its tokenizer from the persona world's vocabulary; "
-                              f"it needs config.data.name='persona_world', got {spec.data.name!r}")
-    else:
-        raise ConfigError(f"config.model.kind={config.model.kind!r} is not 'pretrained' or 'tiny'")
+    elif model.kind == TINY and spec.data.name != PERSONA_WORLD:
+        raise ConfigError("config.model.kind='tiny' builds its tokenizer from the persona world's vocabulary; "
+                          f"it needs config.data.name='persona_world', got {spec.data.name!r}")
     roles = spec.backend_roles(stages)
     for role, block in config.llm.items():  # every block's kind, keys and values, used by these stages or not
         if block is None and role not in roles:
