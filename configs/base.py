@@ -19,7 +19,9 @@ from icml_jax.agents import build as policy_build
 from icml_jax.agents.agent import LEARNER_KEYS, AgentConfig
 from icml_jax.agents.observation import ObservationConfig
 from icml_jax.data import persona_world_config
+from icml_jax.data.config import DATA_NULLABLE, DataConfig
 from icml_jax.models import lora
+from icml_jax.models.backbone import MODEL_NULLABLE, BackboneConfig
 from icml_jax.llm.gemini import GeminiConfig
 from icml_jax.llm.openai_compat import OPENAI_ONLY_KNOBS
 from icml_jax.llm.registry import switchable_knobs
@@ -62,31 +64,15 @@ def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.mode = ("synthesize", "warmup", "online")  # stages, run in this order
     config.seed = 0
-    config.data = ml_collections.ConfigDict(dict(
-        name="persona_world",  # persona_world | msc | cc | gapchat | locomo
-        tfds_name=placeholder(str),  # e.g. "msc_episodes/parlai" (real datasets)
-        split=placeholder(str),
-        data_dir=placeholder(str),  # TFDS data_dir holding the built ArrayRecord files
-        manual_dir=placeholder(str),  # raw files the builder reads (nothing is downloaded)
-        world=persona_world_config(),  # the persona world (name == "persona_world")
-        train_episodes=250,
-        eval_episodes=50,
-        # real data: False plays each episode without its final session (the evaluation's target, so nothing
-        # the evaluation scores ever trains the policy); True plays it too (the evaluation then refuses a policy
-        # that trained on an evaluated episode's final session)
-        train_final_sessions=False,
-        # real data: every session (online and in the evaluation) cut to its first N turns; None: whole sessions
-        max_session_turns=placeholder(int),
-    ))
-    config.model = ml_collections.ConfigDict(dict(
-        kind="pretrained",  # pretrained: a local HF directory at `path`; tiny: a random decoder (demo, tests)
-        path=placeholder(str),  # local Hugging Face directory (config.json + safetensors); nothing is downloaded
-        dtype="bfloat16",
-        hidden=64,  # tiny only: width, layers, and whether LoRA adapters are added
-        layers=1,
-        tiny_lora=False,
-        trigger_hidden=placeholder(int),  # tiny only: the Trigger's own backbone of this width (None: shared)
-    ))
+    # the episodes played online and evaluated on: persona_world | msc | cc | gapchat | locomo, a real dataset's
+    # built TFDS split, sizes, the final sessions and the session cut (icml_jax.data.config.DataConfig says each key)
+    data = dict(DataConfig().to_dict(), world=persona_world_config())
+    config.data = ml_collections.ConfigDict({k: placeholder(DATA_NULLABLE[k]) if v is None and k in DATA_NULLABLE
+                                             else v for k, v in data.items()})
+    # the policies' backbone: kind pretrained (a local HF directory at `path`, nothing is downloaded) | tiny (a
+    # random decoder: demo, tests), its dtype, the tiny decoder's sizes (icml_jax.models.backbone says each key)
+    config.model = ml_collections.ConfigDict({k: placeholder(MODEL_NULLABLE[k]) if v is None and k in MODEL_NULLABLE
+                                              else v for k, v in BackboneConfig().to_dict().items()})
     config.policy = policy_build.default_config()
     config.policy.planner_model = config.model.get_ref("path")  # the Planner's backbone is the model by default
     config.policy.dtype = config.model.get_ref("dtype")

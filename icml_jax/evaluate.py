@@ -29,7 +29,8 @@ from icml_jax.agents.agent import AgentConfig, MemoryAgent
 from icml_jax.checkpoint import load_warmup
 from icml_jax.configlib import field_default
 from icml_jax.data.protocol import load_eval_episodes, shared_data_dir
-from icml_jax.data.stream import PERSONA_WORLD, clip_sessions, held_out_episodes, max_session_turns, user_speaker
+from icml_jax.data.config import PERSONA_WORLD
+from icml_jax.data.stream import clip_sessions, held_out_episodes, user_speaker
 from icml_jax.evaluation.judging import judge_targets, proxy_truth_correlation
 from icml_jax.evaluation.leakage import check_no_leak, training_record
 from icml_jax.evaluation.memory_gain import can_score, score_rows
@@ -49,6 +50,7 @@ from icml_jax.llm.judges import PairwiseJudge, ProxyJudge, QualityJudge
 from icml_jax.llm.openai_compat import structured_mode_of
 from icml_jax.llm.registry import make_backend, set_options
 from icml_jax.memory.store import MemoryStore
+from icml_jax.models.backbone import TINY
 from icml_jax.models.tokenizer import load_tokenizer
 from icml_jax.rl.learner import OnlineLearner
 from icml_jax.rl.likelihood import reward_judges
@@ -66,22 +68,23 @@ def eval_selection(config: ml_collections.ConfigDict) -> str:
     selection = EvalConfig.from_config(config).selection
     if selection != "auto":
         return selection
-    name = config.data.name
+    name = RunSpec.from_config(config).data.name
     ids = shared_data_dir() / name / "theanine_eval_ids.json"
     return "theanine" if name in ("msc", "cc") and ids.is_file() else "seeded"
 
 
 def eval_episodes(config: ml_collections.ConfigDict) -> list:
     """The protocol's episodes for `config.data`: persona world held-out episodes, or a real dataset's 50."""
-    if config.data.name == PERSONA_WORLD:
-        return held_out_episodes(config)
+    data = RunSpec.from_config(config).data
+    if data.name == PERSONA_WORLD:
+        return held_out_episodes(data)
     ev = EvalConfig.from_config(config)
-    if not config.data.get("data_dir"):
-        raise ValueError(f"evaluation on {config.data.name}: config.data.data_dir (the built TFDS data) is not set")
-    episodes = load_eval_episodes(config.data.name, data_dir=config.data.data_dir, selection=eval_selection(config),
+    if not data.data_dir:
+        raise ValueError(f"evaluation on {data.name}: config.data.data_dir (the built TFDS data) is not set")
+    episodes = load_eval_episodes(data.name, data_dir=data.data_dir, selection=eval_selection(config),
                                   seed=ev.seed, n=ev.episodes, builder=ev.tfds_name)
-    cut = max_session_turns(config)  # the online stream's cut, so both play the same turns
-    return [clip_sessions(e, cut) for e in episodes]
+    # the online stream's cut, so both play the same turns
+    return [clip_sessions(e, data.max_session_turns) for e in episodes]
 
 
 def _versions() -> dict[str, str]:
@@ -190,12 +193,14 @@ class EvalContext:
 AgentFactory = Callable[[EvalContext], tuple[Any, dict[str, Any]]]  # -> (EvalAgent, provenance for the setting)
 
 
-def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path):
+def build_tokenizer(config: ml_collections.ConfigDict, workdir: Path, spec: RunSpec | None = None):
     """The backbone's tokenizer without the policies: tiny (the world's words, as `builders.build_models`) or the
-    pretrained checkpoint's; token counts of every system are in this tokenizer."""
-    if config.model.kind == "tiny":
-        return build_tiny_tokenizer(config, workdir)
-    return load_tokenizer(config.model.path)
+    pretrained checkpoint's; token counts of every system are in this tokenizer. `spec`: the run's typed configs
+    when the caller holds them (else built from `config`)."""
+    spec = spec if spec is not None else RunSpec.from_config(config)
+    if spec.model.kind == TINY:
+        return build_tiny_tokenizer(config, workdir, spec)
+    return load_tokenizer(spec.model.path)
 
 
 def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
@@ -254,11 +259,12 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
         if not other.is_file():
             raise ValueError(f"--against: {other} does not exist; evaluate that run first")
         other_rows = read_targets(other.parent)
+    spec = RunSpec.from_config(config)
     episodes = eval_episodes(config)
     if not episodes:
-        raise ValueError(f"no evaluation episodes for data {config.data.name!r}")
+        raise ValueError(f"no evaluation episodes for data {spec.data.name!r}")
     _model_metric_settings(config)  # BERTScore / MAUVE models checked before anything is played
-    tokenizer = build_tokenizer(config, workdir)
+    tokenizer = build_tokenizer(config, workdir, spec)
     cache = ResponseCache(Path(cache_path) if cache_path else out_dir / CACHE_FILE)
     generator_backend, generator, judge_backend = _cached_backends(config, cache)
     use_judge = judge_backend is not None
@@ -266,13 +272,13 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     try:
         with MemoryStore() as store:
             agent, provenance = factory(EvalContext(config, workdir, generator, judge_backend, store, tokenizer,
-                                                    count, lockstep=RunSpec.from_config(config).learner.users_in_flight))
+                                                    count, lockstep=spec.learner.users_in_flight))
             agent.name = system
             if "training" in provenance:  # before anything is played: a leaking policy is refused up front
                 check_no_leak(provenance["training"], episodes, str(provenance.get("checkpoint", system)))
             learn = EvalConfig.from_config(config).learn
             failed: list[dict[str, str]] | None = None if learn else []  # a learner cannot skip half an episode
-            results = play(agent, episodes, user_speaker=user_speaker(config), count_tokens=count,
+            results = play(agent, episodes, user_speaker=user_speaker(spec.data), count_tokens=count,
                            progress=lambda xs: tqdm(xs, desc=f"evaluating {system}", unit="ep", leave=False),
                            failures=failed, usage=lambda: generator.answered)
         _check_failures(config, "episodes (a reply or memory request)", failed or [], len(episodes), cache.path,
@@ -296,8 +302,8 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     llm_usage = {role: backend_usage(b, turns, EvalConfig.from_config(config).prices.get(role))
                  for role, b in (("generator", generator), ("judge", judge_backend)) if b is not None}
     judge_block = set_options(config.llm.judge) if use_judge else None
-    setting = {"data": config.data.name, "episode_ids": [e.episode_id for e in episodes],
-               "selection": "held-out persona-world episodes" if config.data.name == "persona_world"
+    setting = {"data": spec.data.name, "episode_ids": [e.episode_id for e in episodes],
+               "selection": "held-out persona-world episodes" if spec.data.name == PERSONA_WORLD
                else eval_selection(config),
                **provenance, "generator": set_options(config.llm.generator), "seed": int(config.seed),
                "judge": (f"{judge_block.get('kind')} (an oracle: it reads the data's labels)"

@@ -28,6 +28,7 @@ from icml_jax.llm.judges import GoldTarget
 from icml_jax.llm.registry import make_backend
 from icml_jax.rl.config import LIKELIHOOD_MATCHES
 from icml_jax.rl.likelihood import LikelihoodProxyJudge, information_value, later_targets
+from icml_jax.run.runspec import RunSpec
 
 
 def random_later(episode: Episode, session: int, k: int, rng: random.Random) -> list[GoldTarget]:
@@ -66,13 +67,14 @@ def main() -> None:
     parser.add_argument("--match", choices=LIKELIHOOD_MATCHES, default="pair", help="how later gold turns are picked")
     args = parser.parse_args()
     config = load_config(args.config, {"data.data_dir": args.data_dir})
+    data = RunSpec.from_config(config).data
     _, splits = PROTOCOL_SOURCES["gapchat"]
-    pool = gapchat_eval_pool(*[read_episodes(config.data.tfds_name, s, data_dir=args.data_dir) for s in splits])
-    cut = int(config.data.max_session_turns)
+    pool = gapchat_eval_pool(*[read_episodes(data.tfds_name, s, data_dir=args.data_dir) for s in splits])
+    cut = int(data.max_session_turns)
     by_id = {e.episode_id: clip_sessions(e, cut) for e in pool}
     missing = [i for i in args.episodes if i not in by_id]
     if missing:
-        raise SystemExit(f"episodes not in {config.data.tfds_name}: {missing}")
+        raise SystemExit(f"episodes not in {data.tfds_name}: {missing}")
     others = [t.text for e in pool if e.episode_id not in args.episodes for s in e.sessions for t in s.turns]
     k, scale = int(config.rl.reward.likelihood_later_turns), float(config.rl.reward.likelihood_scale)
     judge = LikelihoodProxyJudge(make_backend(config.llm.generator), scale=scale)

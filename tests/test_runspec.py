@@ -9,8 +9,9 @@ import pytest
 
 from icml_jax.agents.agent import LEARNER_KEYS, AgentConfig
 from icml_jax.agents.observation import ObservationConfig
-from icml_jax.configlib import field_default
+from icml_jax.configlib import ConfigError, field_default
 from icml_jax.data.persona_world import PersonaWorldConfig
+from icml_jax.models.backbone import BackboneConfig
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig
 from icml_jax.rl.learner import LearnerConfig
@@ -93,3 +94,18 @@ def test_validate_fills_the_spec_the_run_reads(tmp_path):
     built = set(vars(spec))  # cached_property keeps each block in the instance's __dict__
     assert {"observation", "ppo", "reward", "world", "limits", "synthesis", "warmup", "learner", "agent", "online",
             "checkpoint"} <= built
+
+
+def test_the_model_block_is_built_once_and_validate_names_a_bad_value(tmp_path):
+    from icml_jax.run.validation import validate
+
+    spec = RunSpec.from_config(load_config("base"))
+    assert spec.model == BackboneConfig() and spec.model is spec.model
+    config = load_config("demo")
+    assert RunSpec.from_config(config).model == BackboneConfig(kind="tiny", dtype="float32")
+    for key, value, message in (("kind", "huge", "config.model.kind='huge' is not 'pretrained' or 'tiny'"),
+                                ("dtype", "float64", "config.model.dtype='float64' is not one of")):
+        bad = load_config("demo")
+        bad.model[key] = value
+        with pytest.raises(ConfigError, match=message):
+            validate(bad, tmp_path)

@@ -20,6 +20,7 @@ import numpy as np
 from icml_jax.agents.tiny import tiny_model_config
 from icml_jax.memory.lexical import bm25_scores
 from icml_jax.models import from_pretrained, load_sentence_encoder, load_tokenizer
+from icml_jax.models.backbone import TINY, backbone_config
 from icml_jax.models.decoder import Decoder
 from icml_jax.models.encoder import is_bert_directory
 from icml_jax.models.sampler import bucket
@@ -92,16 +93,17 @@ def encoder_from_config(config: Any, tokenizer, *, model_dir: str | None, max_le
     `max_length` capped by its max_seq_length); any other is a decoder whose final states are mean-pooled."""
     import jax.numpy as jnp
 
-    path = model_dir or (None if config.model.kind == "tiny" else config.model.get("path"))
+    model = backbone_config(config)
+    path = model_dir or (None if model.kind == TINY else model.path)
     if path is None:
-        if config.model.kind != "tiny":
+        if model.kind != TINY:
             raise ValueError("dense encoder: set config.baselines.encoder_model or config.model.path (a local "
                              "Hugging Face decoder directory; encoder_model may also be a BERT sentence encoder's)")
-        return tiny_encoder(tokenizer, hidden=int(config.model.hidden), layers=int(config.model.layers),
-                            seed=int(config.seed), max_length=max_length)
+        return tiny_encoder(tokenizer, hidden=model.hidden, layers=model.layers, seed=int(config.seed),
+                            max_length=max_length)
     if not Path(path).is_dir():
         raise FileNotFoundError(f"dense encoder: model directory {path} does not exist (nothing is downloaded)")
-    dtype = jnp.dtype(config.model.get("dtype") or "float32")
+    dtype = jnp.dtype(model.dtype)
     if is_bert_directory(path):
         return load_sentence_encoder(path, dtype=dtype, max_length=max_length)
     model = from_pretrained(str(path), dtype=dtype)

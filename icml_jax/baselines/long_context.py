@@ -24,6 +24,7 @@ from icml_jax.data.schema import Episode
 from icml_jax.evaluation.protocol import MemoryChoice
 from icml_jax.llm import prompts as llm_prompts
 from icml_jax.llm.types import LLMBackend
+from icml_jax.models.backbone import TINY, backbone_config
 from icml_jax.models.config import ModelConfig
 from icml_jax.run.runspec import RunSpec
 
@@ -116,15 +117,15 @@ class LongContextAgent(BaselineAgent):
 
 
 def backbone_context(config: Any, tokenizer) -> int:
-    """`max_position_embeddings` of the run's backbone: config.model.path's config.json, or the tiny decoder's."""
-    if config.model.kind == "tiny":
-        return tiny_model_config(len(tokenizer), int(config.model.hidden),
-                                 int(config.model.layers)).max_position_embeddings
-    path = config.model.get("path")
-    if not path:
+    """`max_position_embeddings` of the run's backbone: config.model.path's config.json, or the tiny decoder's.
+    `config`: the whole run config or its typed model block (a BackboneConfig)."""
+    model = backbone_config(config)
+    if model.kind == TINY:
+        return tiny_model_config(len(tokenizer), model.hidden, model.layers).max_position_embeddings
+    if not model.path:
         raise ValueError("long_context: set config.baselines.long_context_tokens or config.model.path (whose "
                          "config.json gives max_position_embeddings)")
-    return ModelConfig.from_json_file(Path(path) / "config.json").max_position_embeddings
+    return ModelConfig.from_json_file(Path(model.path) / "config.json").max_position_embeddings
 
 
 def generator_context(config: Any, tokenizer) -> tuple[int, str]:

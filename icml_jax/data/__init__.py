@@ -1,6 +1,7 @@
 """Data: the internal Episode schema, raw-file parsers, TFDS builders, the eval protocol, Grain pipelines and
 the offline persona world. Everything downstream reads ``Episode``s only."""
 
+from icml_jax.data.config import DATASETS, DataConfig
 from icml_jax.data.labels import need_labels, planner_precision_recall, precision_recall, save_labels, trigger_recall
 from icml_jax.data.persona_world import (
     PersonaWorldConfig,
@@ -73,10 +74,12 @@ from icml_jax.data.tfds_builders import (
 )
 
 __all__ = [
+    "DATASETS",
     "EVAL_OFFSET",
     "EVAL_SEED",
     "NUM_EVAL_EPISODES",
     "CcEpisodes",
+    "DataConfig",
     "DataError",
     "Episode",
     "EpisodeStream",

@@ -18,6 +18,9 @@
   labels (``locomo.without_labels``: LoCoMo's questions, answers, evidence and annotations never reach the
   learner). Held-out: none, see ``held_out_episodes``.
 
+Each function takes the whole run config or its typed data block (``icml_jax.data.config.DataConfig``, what
+``icml_jax.run.runspec.RunSpec.data`` holds), so a caller with a RunSpec passes the object it already checked.
+
 ``get_state()`` is a small JSON-safe dict taken between episodes; ``set_state`` on a fresh stream built from
 the same config continues at the same episode. It checks the state belongs to this stream (kind, world,
 TFDS name, split, seed, shards, split size, final sessions) and raises ValueError naming the field that differs.
@@ -39,6 +42,7 @@ from typing import Any
 
 import ml_collections
 
+from icml_jax.data.config import DATASETS, PERSONA_WORLD, REAL_DATASETS, DataConfig, data_config
 from icml_jax.data.persona_world import PersonaWorldConfig, generate_episode, generate_episodes
 from icml_jax.data.pipeline import ShardSpec, tfds_source, train_pipeline
 from icml_jax.data.schema import Episode
@@ -46,16 +50,8 @@ from icml_jax.data.sources.locomo import without_labels
 from icml_jax.data.tfds_builders import BUILDERS
 
 EVAL_OFFSET = 1_000_000  # held-out persona-world episodes are generated from this index on
-PERSONA_WORLD = "persona_world"
-REAL_DATASETS = ("msc", "cc", "gapchat", "locomo")
-DATASETS = (PERSONA_WORLD, *REAL_DATASETS)
 BUILD_HINT = ("build it with `python -m icml_jax.data.build_cli --dataset=<tfds_name> --manual_dir=<raw files> "
               "--data_dir=<data_dir>` (docs/data.md)")
-
-
-def _world(config: ml_collections.ConfigDict) -> PersonaWorldConfig:
-    """The persona world of ``config.data.world`` (as ``icml_jax.run.runspec.RunSpec.world`` builds it)."""
-    return PersonaWorldConfig.from_config(config.data.world)
 
 
 def _check_state(state: Mapping[str, Any], expected: Mapping[str, Any], where: str) -> None:
@@ -240,44 +236,24 @@ def clip_sessions(episode: Episode, max_turns: int | None) -> Episode:
     return dataclasses.replace(episode, sessions=sessions)
 
 
-def max_session_turns(config: ml_collections.ConfigDict) -> int | None:
-    """``config.data.max_session_turns``, checked: None, or an int >= 2 (a final session keeps a target) for a
-    real dataset (the persona world's labels address turns a cut would remove)."""
-    n = config.data.get("max_session_turns")
-    if n is None:
-        return None
-    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
-        raise ValueError(f"config.data.max_session_turns must be None or an int >= 2 (the final session keeps "
-                         f"at least one target), got {n!r}")
-    if config.data.name not in REAL_DATASETS:
-        raise ValueError(f"config.data.max_session_turns={n} cuts real datasets' sessions ({REAL_DATASETS}); "
-                         f"config.data.name={config.data.name!r} sizes its sessions in config.data.world")
-    return n
+def online_stream(config: ml_collections.ConfigDict | DataConfig, seed: int | None = None) -> EpisodeStream:
+    """The episodes the online stage plays (see the module docstring): ``config`` is the whole run config, or its
+    typed data block with the run's ``seed`` (real data shuffles with it; default: ``config.seed``)."""
+    data = data_config(config)
+    if data.name == PERSONA_WORLD:
+        return PersonaWorldStream(data.world, data.train_episodes)
+    if seed is None:
+        if isinstance(config, DataConfig):
+            raise TypeError("online_stream: a DataConfig needs the run's seed (seed=config.seed)")
+        seed = config.seed
+    return TfdsEpisodeStream(data.name, data.tfds_name, data.split, data_dir=data.data_dir, seed=int(seed),
+                             total=data.train_episodes, final_sessions=data.train_final_sessions,
+                             max_session_turns=data.max_session_turns)
 
 
-def _train_episodes(config: ml_collections.ConfigDict) -> int:
-    n = config.data.train_episodes
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"config.data.train_episodes must be an int >= 1, got {n!r}")
-    return n
-
-
-def online_stream(config: ml_collections.ConfigDict) -> EpisodeStream:
-    """The episodes the online stage plays (see the module docstring); ``config`` is the whole run config."""
-    name = config.data.name
-    total = _train_episodes(config)
-    if name == PERSONA_WORLD:
-        return PersonaWorldStream(_world(config), total)
-    if name in REAL_DATASETS:
-        return TfdsEpisodeStream(name, config.data.tfds_name, config.data.split, data_dir=config.data.data_dir,
-                                 seed=int(config.seed), total=total,
-                                 final_sessions=bool(config.data.get("train_final_sessions", False)),
-                                 max_session_turns=max_session_turns(config))
-    raise ValueError(f"config.data.name={name!r} is not one of {DATASETS}")
-
-
-def held_out_episodes(config: ml_collections.ConfigDict) -> list[Episode]:
-    """Labelled episodes for the before/after evaluation; [] when the dataset has none.
+def held_out_episodes(config: ml_collections.ConfigDict | DataConfig) -> list[Episode]:
+    """Labelled episodes for the before/after evaluation; [] when the dataset has none. ``config``: the whole run
+    config or its DataConfig.
 
     Persona world: ``config.data.eval_episodes`` episodes from ``EVAL_OFFSET`` on (never played online).
     MSC / CC / GapChat / LoCoMo: []. The held-out evaluation reports label metrics (planner precision / recall,
@@ -285,25 +261,17 @@ def held_out_episodes(config: ml_collections.ConfigDict) -> list[Episode]:
     none), so those metrics would all be NaN. Real-data runs are judged by the online stage's own per-session
     and final-session numbers instead.
     """
-    name = config.data.name
-    if name == PERSONA_WORLD:
-        n = config.data.eval_episodes
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ValueError(f"config.data.eval_episodes must be an int >= 0, got {n!r}")
-        return generate_episodes(_world(config), n, start_index=EVAL_OFFSET)
-    if name in REAL_DATASETS:
-        return []
-    raise ValueError(f"config.data.name={name!r} is not one of {DATASETS}")
+    data = data_config(config)
+    if data.name == PERSONA_WORLD:
+        return generate_episodes(data.world, data.eval_episodes, start_index=EVAL_OFFSET)
+    return []
 
 
-def user_speaker(config: ml_collections.ConfigDict) -> str | None:
-    """Whose turns the agent acts on: the persona world's user; None (every turn) for the real datasets."""
-    name = config.data.name
-    if name == PERSONA_WORLD:
-        return _world(config).user_speaker
-    if name in REAL_DATASETS:
-        return None
-    raise ValueError(f"config.data.name={name!r} is not one of {DATASETS}")
+def user_speaker(config: ml_collections.ConfigDict | DataConfig) -> str | None:
+    """Whose turns the agent acts on: the persona world's user; None (every turn) for the real datasets.
+    ``config``: the whole run config or its DataConfig."""
+    data = data_config(config)
+    return data.world.user_speaker if data.name == PERSONA_WORLD else None
 
 
 def _split_names(split: str) -> list[str]:
@@ -311,38 +279,24 @@ def _split_names(split: str) -> list[str]:
     return [re.sub(r"\[.*\]$", "", part.strip()) for part in split.split("+")]
 
 
-def check_data_config(config: ml_collections.ConfigDict, stages: Sequence[str]) -> None:
+def check_data_config(config: ml_collections.ConfigDict | DataConfig, stages: Sequence[str]) -> None:
     """Checks ``config.data`` for the stages about to run; raises ValueError naming the field, before any work.
+    ``config``: the whole run config or its DataConfig.
 
-    Only the online stage reads ``config.data``'s episodes (synthesis and warm-up use their own blocks), so
-    the dataset itself is checked when "online" is among ``stages``: a known name, ``train_episodes`` >= 1,
-    and for real data ``tfds_name`` (a builder of that dataset), ``data_dir`` (an existing directory holding
-    the built ``tfds_name``) and ``split`` (built there, non-empty). Touches no JAX backend (safe before
-    ``jax.distributed.initialize``).
+    Every value is checked as the DataConfig is built (a known name, ``train_episodes`` >= 1, ``eval_episodes``
+    >= 0, the cut, the world). Only the online stage reads the episodes (synthesis and warm-up use their own
+    blocks), so the built dataset is checked when "online" is among ``stages``: for real data ``tfds_name`` (a
+    builder of that dataset), ``data_dir`` (an existing directory holding the built ``tfds_name``) and ``split``
+    (built there, non-empty). Touches no JAX backend (safe before ``jax.distributed.initialize``).
     """
-    name = config.data.name
-    if name not in DATASETS:
-        raise ValueError(f"config.data.name={name!r} is not one of {DATASETS}")
-    max_session_turns(config)
-    if "online" not in stages:
-        return
-    _train_episodes(config)
-    if name == PERSONA_WORLD:
-        try:
-            _world(config)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"config.data.world: {exc}") from None
-        held_out = config.data.eval_episodes
-        if not isinstance(held_out, int) or isinstance(held_out, bool) or held_out < 0:
-            raise ValueError(f"config.data.eval_episodes must be an int >= 0, got {held_out!r}")
-        return
-    _check_tfds(config)
+    data = data_config(config)
+    if "online" in stages and data.name in REAL_DATASETS:
+        _check_tfds(data)
 
 
-def _check_tfds(config: ml_collections.ConfigDict) -> None:
+def _check_tfds(data: DataConfig) -> None:
     """The built TFDS split of a real dataset exists (see ``check_data_config``)."""
-    name, tfds_name, split, data_dir = (config.data.name, config.data.tfds_name, config.data.split,
-                                        config.data.data_dir)
+    name, tfds_name, split, data_dir = data.name, data.tfds_name, data.split, data.data_dir
     builder_cls = BUILDERS[name]
     configs = [c.name for c in builder_cls.BUILDER_CONFIGS]
     family, _, variant = (tfds_name or "").partition("/")

@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from icml_jax.baselines import baseline_factory
+from icml_jax.data.config import PERSONA_WORLD
 from icml_jax.evaluate import EVAL_DIR, eval_episodes
 from icml_jax.evaluation.judging import judge_targets
 from icml_jax.evaluation.report import RESULTS_JSON, TABLE1, read_targets
@@ -30,10 +31,12 @@ from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
 from icml_jax.llm.judges import QualityJudge
 from icml_jax.llm.local import DEFAULT_JUDGE_MODE, JUDGE_MODE_SCORES
 from icml_jax.llm.registry import make_backend, set_options
+from icml_jax.models.backbone import TINY
 from icml_jax.rl.config import LIKELIHOOD_KEYS, RewardConfig
 from icml_jax.rl.save_log import pearson_or_none
 from icml_jax.run.agent_loading import find_checkpoint
 from icml_jax.run.runlog import METRICS_FILE, read_metrics
+from icml_jax.run.runspec import RunSpec
 
 
 @dataclasses.dataclass
@@ -560,9 +563,10 @@ def synthesis_direction(ctx: Context) -> Report:
 def size_grid(ctx: Context) -> Report:
     """Figure 6: Planner backbone size x Trigger backbone size (a different backbone per agent)."""
     sizes = list(ctx.exp("size_grid", ()))
-    tiny = ctx.config.model.kind == "tiny"
+    model = RunSpec.from_config(ctx.config).model
+    tiny = model.kind == TINY
     if not sizes:
-        sizes = [int(ctx.config.model.hidden)] if tiny else [ctx.config.model.path]
+        sizes = [model.hidden] if tiny else [model.path]
     report = Report("size_grid", "Planner size x Trigger size", "Figure 6",
                     {"planner": "Planner", "trigger": "Trigger", **MEMORY_COLUMNS, "Memorability": "Memorability"},
                     {}, row_header="Planner x Trigger")
@@ -623,7 +627,7 @@ def size_grid(ctx: Context) -> Report:
 
 def ten_sessions(ctx: Context) -> Report:
     """Figure 7: planner precision and trigger recall per session over episodes of 10 sessions."""
-    if ctx.config.data.name != "persona_world":
+    if RunSpec.from_config(ctx.config).data.name != PERSONA_WORLD:
         raise ValueError("ten_sessions needs the persona world (config.data.name='persona_world'): the real "
                          "datasets have at most 5 sessions per episode")
     n = int(ctx.exp("sessions", 10))

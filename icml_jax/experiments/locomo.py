@@ -38,6 +38,7 @@ from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
 from icml_jax.llm.registry import make_backend
 from icml_jax.llm.verbatim import VerbatimNotes
 from icml_jax.memory.store import MemoryStore
+from icml_jax.run.runspec import RunSpec
 
 RESULTS = "results.json"
 ORACLE = "evidence_oracle"
@@ -275,7 +276,7 @@ def locomo_report(ctx: Any, ours_policy: Callable[[int], Path]) -> Report:
         "Trigger chose among (its candidates after the prefilter; '-' for systems that do not choose), so Offered "
         "minus Ev. recall is what the choice lost.",
         f"Notes: {notes}.",
-        f"The setting's data ({ctx.config.data.name}) is what ours was trained on; every system reads LoCoMo.",
+        f"The setting's data ({RunSpec.from_config(ctx.config).data.name}) is what ours was trained on; every system reads LoCoMo.",
     ]
     return report
 

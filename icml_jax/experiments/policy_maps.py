@@ -65,7 +65,7 @@ def play_maps(config: ml_collections.ConfigDict, workdir: Path, checkpoint: Path
         load_warmup(checkpoint, policies)
     policies.eval()
     agent_config = dataclasses.replace(spec.agent, greedy=True)
-    speaker = user_speaker(config)
+    speaker = user_speaker(spec.data)
     turns, queries = [], []
     with MemoryStore() as store:  # the Planner: the policy plays the episode with its own saves
         agent = MemoryAgent(policies, tokenizer, store, OfflineBackend(), config=agent_config, seed=int(config.seed))

@@ -18,14 +18,18 @@ from icml_jax.configlib import ConfigError
 from icml_jax.experiments.catalog import EXPERIMENTS, Context
 from icml_jax.experiments.tables import write
 from icml_jax.llm.registry import set_options
+from icml_jax.models.backbone import TINY
+from icml_jax.run.runspec import RunSpec
 
 
 def setting_of(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """What the tables say they were measured on: data, model, back ends (the offline judge named an oracle)."""
-    model = (f"tiny random decoder (hidden {config.model.hidden}, {config.model.layers} layer(s))"
-             if config.model.kind == "tiny" else str(config.model.path))
+    spec = RunSpec.from_config(config)
+    backbone = spec.model
+    model = (f"tiny random decoder (hidden {backbone.hidden}, {backbone.layers} layer(s))"
+             if backbone.kind == TINY else str(backbone.path))
     judge = set_options(config.llm.judge)
-    return {"data": config.data.name, "model": model, "generator": set_options(config.llm.generator),
+    return {"data": spec.data.name, "model": model, "generator": set_options(config.llm.generator),
             "judge": ("offline (an oracle: it reads the data's labels)" if judge.get("kind") == "offline"
                       else judge)}
 

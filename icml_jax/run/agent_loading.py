@@ -15,8 +15,6 @@ import ml_collections
 
 from icml_jax.agents.agent import MemoryAgent
 from icml_jax.checkpoint import META_FILE, load_warmup
-from icml_jax.configlib import field_default
-from icml_jax.data.persona_world import PersonaWorldConfig
 from icml_jax.llm.registry import make_backend
 from icml_jax.llm.types import MissingAPIKeyError
 from icml_jax.run.builders import build_models
@@ -121,11 +119,14 @@ def load_model(workdir: str | Path) -> ChatModel:
         generator.close()
         raise ChatError(restore_failure(workdir, checkpoint, exc)) from exc
     policies.eval()  # adapter dropout off
-    world = config.data.get("world") or {}
+    try:  # the data's speakers label the chat's turns
+        world = spec.world
+    except (TypeError, ValueError) as exc:
+        generator.close()
+        raise ChatError(f"config.data of {workdir}/{CONFIG_FILE}: {exc}") from None
     agent_config = dataclasses.replace(  # the chat's own rules: the learned policies always decide
         spec.agent, planner_rule="policy", trigger_rule="policy", greedy=True)
-    speakers = tuple(str(world.get(k, field_default(PersonaWorldConfig, k))) for k in ("user_speaker",
-                                                                                       "assistant_speaker"))
+    speakers = (world.user_speaker, world.assistant_speaker)
     try:  # a run written before config.limits existed gets the defaults
         limits = spec.limits
     except (TypeError, ValueError) as exc:

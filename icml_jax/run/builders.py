@@ -1,5 +1,6 @@
-"""The run's models: the Planner and Trigger policies with their tokenizer, built from `config.model` /
-`config.policy` (a tiny random backbone over the worlds' words, or a local Hugging Face checkpoint with LoRA)."""
+"""The run's models: the Planner and Trigger policies with their tokenizer, built from the typed `config.model`
+(`RunSpec.model`) and `config.policy` (a tiny random backbone over the worlds' words, or a local Hugging Face
+checkpoint with LoRA)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from icml_jax import parallel
 from icml_jax.agents import tiny
 from icml_jax.agents.build import build_policies
 from icml_jax.agents.policy import MemoryPolicies
+from icml_jax.models.backbone import TINY
 from icml_jax.models.decoder import Decoder
 from icml_jax.models.lora import LoraConfig, apply_lora
 from icml_jax.models.tokenizer import load_tokenizer
@@ -38,24 +40,24 @@ def build_models(config: ml_collections.ConfigDict, workdir: Path, spec: RunSpec
     saved under `<workdir>/tokenizer`), `pretrained` from config.model.path with LoRA on the configured mesh."""
     from flax import nnx
 
+    spec = spec if spec is not None else RunSpec.from_config(config)
+    model = spec.model
     _, local_mesh = parallel.process_meshes(dict(config.parallel.mesh))
-    if config.model.kind == "tiny":
+    if model.kind == TINY:
         tokenizer = build_tiny_tokenizer(config, workdir, spec)
         seed = int(config.policy.seed)
-        backbone = Decoder(tiny.tiny_model_config(len(tokenizer), config.model.hidden, config.model.layers),
-                           rngs=nnx.Rngs(seed))
-        if config.model.tiny_lora:
+        backbone = Decoder(tiny.tiny_model_config(len(tokenizer), model.hidden, model.layers), rngs=nnx.Rngs(seed))
+        if model.tiny_lora:
             backbone = apply_lora(backbone, LoraConfig.from_config(config.lora), seed=seed)
         trigger = None  # model.trigger_hidden: a Trigger backbone of another width (the size grid, Figure 6)
-        width = config.model.get("trigger_hidden")
-        if width and int(width) != int(config.model.hidden):
-            trigger = Decoder(tiny.tiny_model_config(len(tokenizer), int(width), config.model.layers),
-                              rngs=nnx.Rngs(seed + 2))
-            if config.model.tiny_lora:
+        width = model.trigger_hidden
+        if width is not None and width != model.hidden:
+            trigger = Decoder(tiny.tiny_model_config(len(tokenizer), width, model.layers), rngs=nnx.Rngs(seed + 2))
+            if model.tiny_lora:
                 trigger = apply_lora(trigger, LoraConfig.from_config(config.lora), seed=seed + 2)
-        for model in (backbone, trigger):
-            if model is not None:
-                model.remat = config.policy.get("remat", "none")
+        for decoder in (backbone, trigger):
+            if decoder is not None:
+                decoder.remat = config.policy.get("remat", "none")
         policies = MemoryPolicies(backbone, trigger, pooling=config.policy.pooling,
                                   match_rank=int(config.policy.match_rank),
                                   shared_prefix=bool(config.policy.get("shared_prefix", False)),
@@ -67,4 +69,4 @@ def build_models(config: ml_collections.ConfigDict, workdir: Path, spec: RunSpec
     # each process holds its own copy on its devices (with one process: the whole mesh)
     policies = build_policies(config.policy, config.lora, mesh=local_mesh,
                               rules=parallel.rules_from(config.parallel.rules))
-    return policies, load_tokenizer(config.model.path)
+    return policies, load_tokenizer(model.path)

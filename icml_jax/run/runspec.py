@@ -1,10 +1,10 @@
 """The typed configs of a run, built from its ml_collections ConfigDict in one place.
 
-`RunSpec.from_config(config)` wraps the config; each typed block (observation, agent, learner, PPO, reward,
-warm-up, synthesis, world, limits, online, checkpointing, evaluation, back ends) is built from it on first use and kept, so
-every stage and tool (main, chat, evaluate, experiments, baselines) reads the same objects. A key a block leaves
-out takes its dataclass's default: each default is defined once, in its dataclass. Blocks are built lazily, so a
-tool that needs one block (the chat: observation and agent) never fails on another's value.
+`RunSpec.from_config(config)` wraps the config; each typed block (model, observation, agent, learner, PPO, reward,
+warm-up, synthesis, data, world, limits, online, checkpointing, evaluation, back ends) is built from it on first use
+and kept, so every stage and tool (main, chat, evaluate, experiments, baselines) reads the same objects. A key a
+block leaves out takes its dataclass's default: each default is defined once, in its dataclass. Blocks are built
+lazily, so a tool that needs one block (the chat: observation and agent) never fails on another's value.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ import ml_collections
 from icml_jax.agents.agent import AgentConfig
 from icml_jax.agents.observation import ObservationConfig
 from icml_jax.configlib import field_default, known_fields
+from icml_jax.data.config import REAL_DATASETS, DataConfig
 from icml_jax.data.persona_world import PersonaWorldConfig
-from icml_jax.data.stream import REAL_DATASETS, user_speaker
+from icml_jax.data.stream import user_speaker
 from icml_jax.llm.registry import make_backend, remote_context_tokens, set_options
 from icml_jax.llm.types import LLMBackend
+from icml_jax.models.backbone import BackboneConfig
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig
 from icml_jax.rl.learner import LearnerConfig
@@ -144,6 +146,13 @@ class RunSpec:
         """The spec of `config` (nothing is built until a block is read; `validation` reads the ones a run uses)."""
         return cls(config)
 
+    # ------------------------------------------------------------------------------------------- the backbone
+
+    @functools.cached_property
+    def model(self) -> BackboneConfig:
+        """The policies' backbone (`config.model`): a local checkpoint or the tiny decoder, and its dtype."""
+        return BackboneConfig.from_config(self.config.model)
+
     # ---------------------------------------------------------------------------------------- the policies' view
 
     @functools.cached_property
@@ -176,7 +185,7 @@ class RunSpec:
         if "users_in_flight" in loop:
             loop["users_in_flight"] = int(loop["users_in_flight"])
         return LearnerConfig(ppo=self.ppo, reward=self.reward, agent=self.agent, seed=self.config.seed,
-                             user_speaker=user_speaker(self.config),
+                             user_speaker=user_speaker(self.data),
                              divergence=DivergenceConfig.from_config(block.get("divergence")), **loop)
 
     @functools.cached_property
@@ -194,12 +203,19 @@ class RunSpec:
         """How a system is evaluated on a real dataset's protocol (`config.eval`)."""
         return EvalConfig.from_config(self.config)
 
-    # ----------------------------------------------------------------------------------- synthesis and warm-up
+    # ------------------------------------------------------------------------------------------------ the data
+
+    @functools.cached_property
+    def data(self) -> DataConfig:
+        """The episodes the run plays online and is evaluated on (`config.data`)."""
+        return DataConfig.from_config(self.config.data)
 
     @functools.cached_property
     def world(self) -> PersonaWorldConfig:
         """The persona world of the data (`config.data.world`)."""
-        return PersonaWorldConfig.from_config(self.config.data.world)
+        return self.data.world
+
+    # ----------------------------------------------------------------------------------- synthesis and warm-up
 
     @functools.cached_property
     def synthesis(self) -> SynthesisConfig:
@@ -215,12 +231,12 @@ class RunSpec:
     @property
     def data_seeds(self) -> bool:
         """Whether the synthesis seeds come from the episodes the online stage plays (`synthesis.seed_source`);
-        read from the raw block, so validation can ask before the synthesis block is built."""
+        read from the raw synthesis block, so validation can ask before the synthesis block is built."""
         syn = self.config.synthesis
         if syn.get("seeds_file"):
             return False
         source = syn.get("seed_source", field_default(SynthesisConfig, "seed_source"))
-        return source == "data" or (source == "auto" and self.config.data.name in REAL_DATASETS)
+        return source == "data" or (source == "auto" and self.data.name in REAL_DATASETS)
 
     # ------------------------------------------------------------------------------------------ the back ends
 

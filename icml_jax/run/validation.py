@@ -15,10 +15,12 @@ from icml_jax import parallel
 from icml_jax.agents.prefilter import encoder_directory
 from icml_jax.checkpoint import META_FILE
 from icml_jax.configlib import ConfigError, config_differences, field_default
+from icml_jax.data.config import PERSONA_WORLD
 from icml_jax.data.stream import check_data_config
 from icml_jax.llm.registry import api_key_variables, check_backend
 from icml_jax.llm.remote import read_api_key
 from icml_jax.llm.types import MissingAPIKeyError
+from icml_jax.models.backbone import PRETRAINED, TINY
 from icml_jax.rl.learner import LearnerConfig
 from icml_jax.run.runspec import RunSpec
 from icml_jax.run.stages import STAGES
@@ -50,7 +52,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
     stages = parse_stages(config)
     spec = spec if spec is not None else RunSpec.from_config(config)
     try:  # seed sessions drawn from the data read the same episodes as the online stage
-        check_data_config(config, (*stages, "online") if "synthesize" in stages and spec.data_seeds else stages)
+        check_data_config(spec.data, (*stages, "online") if "synthesize" in stages and spec.data_seeds else stages)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if "warmup" in stages and "synthesize" not in stages:
@@ -58,8 +60,12 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
         if not manifest.is_file():
             raise ConfigError(f"config.mode runs 'warmup' without 'synthesize' but {manifest} does not exist; "
                               f"add 'synthesize' to config.mode or synthesize into that directory first")
-    if config.model.kind == "pretrained":
-        path = config.model.path
+    try:  # kind, dtype and sizes are checked as the typed block is built
+        model = spec.model
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if model.kind == PRETRAINED:
+        path = model.path
         if not path:
             raise ConfigError("config.model.path is not set: point it at a local Hugging Face checkpoint "
                               "directory (config.json + *.safetensors), e.g. --config.model.path=/models/Qwen3-1.7B")
@@ -70,12 +76,9 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
         if trigger and not (Path(trigger).expanduser() / "config.json").is_file():
             raise ConfigError(f"config.policy.trigger_model={trigger!r}: no config.json there; expected a local "
                               f"Hugging Face checkpoint directory")
-    elif config.model.kind == "tiny":
-        if config.data.name != "persona_world":
-            raise ConfigError("config.model.kind='tiny' builds its tokenizer from the persona world's vocabulary; "
-                              f"it needs config.data.name='persona_world', got {config.data.name!r}")
-    else:
-        raise ConfigError(f"config.model.kind={config.model.kind!r} is not 'pretrained' or 'tiny'")
+    elif model.kind == TINY and spec.data.name != PERSONA_WORLD:
+        raise ConfigError("config.model.kind='tiny' builds its tokenizer from the persona world's vocabulary; "
+                          f"it needs config.data.name='persona_world', got {spec.data.name!r}")
     roles = spec.backend_roles(stages)
     for role, block in config.llm.items():  # every block's kind, keys and values, used by these stages or not
         if block is None and role not in roles:
@@ -118,13 +121,15 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
         raise ConfigError(f"config.rl.ppo.minibatch_size={size} cannot be sharded over config.parallel.mesh.data="
                           f"{mesh.shape['data']} devices: make it a multiple of {mesh.shape['data']}")
     if jax.process_count() > 1:
-        check_processes(config, stages, jax.process_count())
+        check_processes(config, stages, jax.process_count(), spec)
     return stages
 
 
-def check_processes(config: ml_collections.ConfigDict, stages: Sequence[str], count: int) -> None:
+def check_processes(config: ml_collections.ConfigDict, stages: Sequence[str], count: int,
+                    spec: RunSpec | None = None) -> None:
     """What a run of several JAX processes needs: the online stage alone (each process plays its users; the
-    synthesis and the warm-up run in one process first), whole groups of users per update, equal shares."""
+    synthesis and the warm-up run in one process first), whole groups of users per update, equal shares. `spec`:
+    the run's (default: one of `config`)."""
     if tuple(stages) != ("online",):
         raise ConfigError(f"config.mode={tuple(stages)!r} on {count} JAX processes: several processes run the online "
                           "stage only. Run synthesize and warmup in one process first (--config.mode=synthesize,warmup "
@@ -136,8 +141,9 @@ def check_processes(config: ml_collections.ConfigDict, stages: Sequence[str], co
     if every % (count * b):
         raise ConfigError(f"config.learner.update_every={every} must be a multiple of the {count} processes x "
                           f"learner.users_in_flight={b} (an update follows a whole group of users on every process)")
-    if config.data.name == "persona_world" and int(config.data.train_episodes) % count:
-        raise ConfigError(f"config.data.train_episodes={config.data.train_episodes} must be a multiple of the {count} "
+    data = (spec if spec is not None else RunSpec.from_config(config)).data
+    if data.name == PERSONA_WORLD and data.train_episodes % count:
+        raise ConfigError(f"config.data.train_episodes={data.train_episodes} must be a multiple of the {count} "
                           "processes (each plays an equal share, in lockstep)")
 
 

@@ -60,7 +60,7 @@ def stage_online(run: Run) -> dict[str, Any]:
     """
     config, spec = run.config, run.spec
     policies, tokenizer = run.models()
-    stream, held_out = online_stream(config), held_out_episodes(config)
+    stream, held_out = online_stream(spec.data, seed=config.seed), held_out_episodes(spec.data)
     generator = spec.make_backend("generator")
     # one client when both roles are one back end
     judge = generator if spec.judge_is_generator else spec.make_backend("judge")

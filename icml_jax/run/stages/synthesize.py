@@ -22,7 +22,7 @@ def synthesis_seeds(config: ml_collections.ConfigDict, spec: RunSpec | None = No
     if not spec.data_seeds:
         return None
     world = spec.synthesis.world
-    return seeds_from_episodes(online_stream(config), int(spec.synthesis.num_seeds),
+    return seeds_from_episodes(online_stream(spec.data, seed=config.seed), int(spec.synthesis.num_seeds),
                                user_speaker=world.user_speaker, assistant_speaker=world.assistant_speaker)
 
 
