@@ -12,8 +12,6 @@ from typing import Any
 
 import ml_collections
 
-from icml_jax.configlib import known_fields
-
 PRETRAINED = "pretrained"
 TINY = "tiny"
 MODEL_KINDS = (PRETRAINED, TINY)
@@ -65,8 +63,14 @@ class BackboneConfig:
 
     @classmethod
     def from_config(cls, block: ml_collections.ConfigDict | Any | None) -> BackboneConfig:
-        """From the `model` block (a ConfigDict, a mapping or None: the defaults); an unknown key is an error."""
-        return cls(**known_fields(cls, block))
+        """From the `model` block (a ConfigDict, a mapping or None: the defaults); an unknown key is an error.
+        (Checked here, not with configlib.known_fields: the models package imports nothing above it.)"""
+        values = dict(block.to_dict() if hasattr(block, "to_dict") else block or {})
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown key(s) {unknown}; known: {sorted(known)}")
+        return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields, in their order (the block configs/base.py builds)."""
