@@ -45,10 +45,10 @@ from icml_jax.evaluation.model_metrics import (
 from icml_jax.evaluation.pairwise import compare, write_pairwise
 from icml_jax.evaluation.protocol import LearningAgent, PolicyAgent, play, reply_temperature
 from icml_jax.evaluation.report import TARGETS_JSONL, read_targets, write_outputs
-from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
+from icml_jax.llm.cache import CachedBackend, ResponseCache
+from icml_jax.llm.config import GENERATOR, JUDGE
 from icml_jax.llm.judges import PairwiseJudge, ProxyJudge, QualityJudge
 from icml_jax.llm.openai_compat import structured_mode_of
-from icml_jax.llm.registry import make_backend, set_options
 from icml_jax.memory.store import MemoryStore
 from icml_jax.models.backbone import TINY
 from icml_jax.models.tokenizer import load_tokenizer
@@ -139,18 +139,18 @@ def _reply_temperature(config: ml_collections.ConfigDict) -> float:
                                                          field_default(AgentConfig, "reply_temperature")))
 
 
-def _memory_gain(config: ml_collections.ConfigDict, generator, results, episodes) -> dict[str, Any]:
+def _memory_gain(spec: RunSpec, generator, results, episodes) -> dict[str, Any]:
     """Scores every target row's memory gain and NLL with the generator (`evaluation.memory_gain`) when
     `eval.memory_gain` is on and the generator can score a continuation; returns what the setting records."""
-    if not EvalConfig.from_config(config).memory_gain:
+    if not spec.eval.memory_gain:
         return {"computed": False, "reason": "eval.memory_gain is off"}
     if not can_score(generator):
-        return {"computed": False, "reason": f"the {config.llm.generator.kind} generator cannot score a given "
+        return {"computed": False, "reason": f"the {spec.llm.kind(GENERATOR)} generator cannot score a given "
                                              "continuation (only the local back end can)"}
     rows = [row for r in results for row in r.targets]
     start = time.perf_counter()
     score_rows(generator, rows, {e.episode_id: e for e in episodes})
-    return {"computed": True, "model": config.llm.generator.get("model_dir"), "targets": len(rows),
+    return {"computed": True, "model": spec.llm.block(GENERATOR).get("model_dir"), "targets": len(rows),
             "seconds": round(time.perf_counter() - start, 2),
             "unit": "nats per reference token: log p(gold | prompt with the memory) - log p(gold | prompt without)"}
 
@@ -266,7 +266,7 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     _model_metric_settings(config)  # BERTScore / MAUVE models checked before anything is played
     tokenizer = build_tokenizer(config, workdir, spec)
     cache = ResponseCache(Path(cache_path) if cache_path else out_dir / CACHE_FILE)
-    generator_backend, generator, judge_backend = _cached_backends(config, cache)
+    generator_backend, generator, judge_backend = _cached_backends(spec, cache)
     use_judge = judge_backend is not None
     count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     try:
@@ -283,7 +283,7 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
                            failures=failed, usage=lambda: generator.answered)
         _check_failures(config, "episodes (a reply or memory request)", failed or [], len(episodes), cache.path,
                         "episode_id")
-        gain_setting = _memory_gain(config, generator_backend, results, episodes)
+        gain_setting = _memory_gain(spec, generator_backend, results, episodes)
         correlation = _judge_results(config, judge_backend, results, episodes, cache.path)
         if other_rows is not None:
             if judge_backend is None:
@@ -301,11 +301,11 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     turns = sum(len(r.construction_ms) + len(r.targets) for r in results)
     llm_usage = {role: backend_usage(b, turns, EvalConfig.from_config(config).prices.get(role))
                  for role, b in (("generator", generator), ("judge", judge_backend)) if b is not None}
-    judge_block = set_options(config.llm.judge) if use_judge else None
+    judge_block = spec.llm.options(JUDGE) if use_judge else None
     setting = {"data": spec.data.name, "episode_ids": [e.episode_id for e in episodes],
                "selection": "held-out persona-world episodes" if spec.data.name == PERSONA_WORLD
                else eval_selection(config),
-               **provenance, "generator": set_options(config.llm.generator), "seed": int(config.seed),
+               **provenance, "generator": spec.llm.options(GENERATOR), "seed": int(config.seed),
                "judge": (f"{judge_block.get('kind')} (an oracle: it reads the data's labels)"
                          if judge_block and judge_block.get("kind") == "offline" else judge_block),
                "greedy": True, "reply_temperature": _reply_temperature(config), "learning": {"online": learn, "updates": len(getattr(agent, "updates", []))},
@@ -324,19 +324,18 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
     return content
 
 
-def _cached_backends(config: ml_collections.ConfigDict, cache: ResponseCache
-                     ) -> tuple[Any, CachedBackend, CachedBackend | None]:
+def _cached_backends(spec: RunSpec, cache: ResponseCache) -> tuple[Any, CachedBackend, CachedBackend | None]:
     """(the generator back end, it behind the answer cache, the judge behind the cache or None without
     `eval.judge`). An HTTP back end (Gemini, OpenAI-compatible) makes one call per request anyway: sending them one
     at a time stores each answer as it arrives, so a killed evaluation loses nothing."""
     remote = lambda backend: bool(getattr(backend, "remote", False))  # noqa: E731
-    generator_backend = make_backend(config.llm.generator)
-    generator = CachedBackend(generator_backend, cache, answer_namespace(config.llm.generator.to_dict()),
+    generator_backend = spec.llm.make_backend(GENERATOR)
+    generator = CachedBackend(generator_backend, cache, spec.llm.namespace(GENERATOR),
                               per_request=remote(generator_backend))
-    if not EvalConfig.from_config(config).judge:
+    if not spec.eval.judge:
         return generator_backend, generator, None
-    judge_raw = make_backend(config.llm.judge)
-    return generator_backend, generator, CachedBackend(judge_raw, cache, answer_namespace(config.llm.judge.to_dict()),
+    judge_raw = spec.llm.make_backend(JUDGE)
+    return generator_backend, generator, CachedBackend(judge_raw, cache, spec.llm.namespace(JUDGE),
                                                        per_request=remote(judge_raw))
 
 

@@ -25,7 +25,6 @@ from icml_jax.data.schema import Episode
 from icml_jax.data.stream import clip_sessions, history_sessions
 from icml_jax.data.tfds_builders import read_episodes
 from icml_jax.llm.judges import GoldTarget
-from icml_jax.llm.registry import make_backend
 from icml_jax.rl.config import LIKELIHOOD_MATCHES
 from icml_jax.rl.likelihood import LikelihoodProxyJudge, information_value, later_targets
 from icml_jax.run.runspec import RunSpec
@@ -67,7 +66,8 @@ def main() -> None:
     parser.add_argument("--match", choices=LIKELIHOOD_MATCHES, default="pair", help="how later gold turns are picked")
     args = parser.parse_args()
     config = load_config(args.config, {"data.data_dir": args.data_dir})
-    data = RunSpec.from_config(config).data
+    spec = RunSpec.from_config(config)
+    data = spec.data
     _, splits = PROTOCOL_SOURCES["gapchat"]
     pool = gapchat_eval_pool(*[read_episodes(data.tfds_name, s, data_dir=args.data_dir) for s in splits])
     cut = int(data.max_session_turns)
@@ -77,7 +77,7 @@ def main() -> None:
         raise SystemExit(f"episodes not in {data.tfds_name}: {missing}")
     others = [t.text for e in pool if e.episode_id not in args.episodes for s in e.sessions for t in s.turns]
     k, scale = int(config.rl.reward.likelihood_later_turns), float(config.rl.reward.likelihood_scale)
-    judge = LikelihoodProxyJudge(make_backend(config.llm.generator), scale=scale)
+    judge = LikelihoodProxyJudge(spec.make_backend("generator"), scale=scale)
     rng = random.Random(args.seed)
     rows: list[tuple[float | None, ...]] = []
     for eid in args.episodes:

@@ -397,3 +397,21 @@ def test_an_episode_whose_back_end_request_fails_for_good_is_skipped_and_recorde
         shutil.rmtree(work / ev.EVAL_DIR)
         with pytest.raises(ev.EvaluationError, match=r"1 of \d+ episodes \(a reply or memory request\) failed"):
             ev.evaluate_workdir(config, work)
+
+
+def test_the_evaluation_caches_each_role_under_its_raw_blocks_namespace(tmp_path):
+    """The answer cache's namespaces (its keys) are answer_namespace of the raw blocks, as before the `llm` block
+    was typed: a changed key would silently ask every back end again."""
+    from icml_jax.llm.cache import ResponseCache, answer_namespace
+    from icml_jax.run.runspec import RunSpec
+
+    config = tiny_demo()
+    cache = ResponseCache(tmp_path / ev.CACHE_FILE)
+    _, generator, judge = ev._cached_backends(RunSpec.from_config(config), cache)
+    try:
+        for backend, block in ((generator, config.llm.generator), (judge, config.llm.judge)):
+            assert backend.namespace == json.dumps(answer_namespace(block.to_dict()), sort_keys=True)
+    finally:
+        generator.close()
+        judge.close()
+        cache.close()

@@ -109,3 +109,19 @@ def test_the_model_block_is_built_once_and_validate_names_a_bad_value(tmp_path):
         bad.model[key] = value
         with pytest.raises(ConfigError, match=message):
             validate(bad, tmp_path)
+
+
+def test_the_llm_block_is_built_once_and_validate_names_a_bad_role(tmp_path):
+    from icml_jax.run.validation import validate
+
+    spec = RunSpec.from_config(load_config("demo"))
+    assert spec.llm is spec.llm and spec.llm.kind("judge") == "offline"
+    bad = load_config("demo")
+    with bad.unlocked():
+        bad.llm.judges = {"kind": "offline"}
+    with pytest.raises(ConfigError, match=r"config.llm: unknown role\(s\) \['judges'\]"):
+        validate(bad, tmp_path)
+    bad = load_config("demo")
+    bad.llm.judge.kind = "gpt"
+    with pytest.raises(ConfigError, match="config.llm.judge: unknown LLM back end kind 'gpt'"):
+        validate(bad, tmp_path)

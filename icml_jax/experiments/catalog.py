@@ -30,7 +30,8 @@ from icml_jax.experiments.tables import Report, aggregate, metrics_of
 from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
 from icml_jax.llm.judges import QualityJudge
 from icml_jax.llm.local import DEFAULT_JUDGE_MODE, JUDGE_MODE_SCORES
-from icml_jax.llm.registry import make_backend, set_options
+from icml_jax.llm.config import GENERATOR, JUDGE
+from icml_jax.llm.registry import make_backend
 from icml_jax.models.backbone import TINY
 from icml_jax.rl.config import LIKELIHOOD_KEYS, RewardConfig
 from icml_jax.rl.save_log import pearson_or_none
@@ -70,18 +71,19 @@ ORACLE = ("The offline judge is an oracle: it scores a reply by whether the memo
 def judge_notes(config: ml_collections.ConfigDict) -> list[str]:
     """What the judged columns mean under the config's back ends: the oracle note when the judge is offline, what
     the judge reads when it is a real model, and a note when the offline generator (not an LLM) writes replies."""
-    judge, generator = config.llm.judge, config.llm.generator
-    if judge.kind == "offline":
+    llm = RunSpec.from_config(config).llm
+    judge, kind = llm.block(JUDGE), llm.kind(JUDGE)
+    if kind == "offline":
         notes = [ORACLE]
     else:
         model = judge.get("model_dir") or judge.get("model") or "?"
 
         how = (" by its score-token probabilities (the expected 1-5 score per dimension)"
-               if judge.kind == "local" and (judge.get("judge_mode") or DEFAULT_JUDGE_MODE) == JUDGE_MODE_SCORES
+               if kind == "local" and (judge.get("judge_mode") or DEFAULT_JUDGE_MODE) == JUDGE_MODE_SCORES
                else "")
-        notes = [f"Judge columns: the {judge.kind} judge ({Path(str(model)).name}) rates each reply{how}; it reads "
+        notes = [f"Judge columns: the {kind} judge ({Path(str(model)).name}) rates each reply{how}; it reads "
                  "the dialogue and the reply, never the gold turn or a label."]
-    if generator.kind == "offline" and judge.kind != "offline":
+    if llm.kind(GENERATOR) == "offline" and kind != "offline":
         notes.append("The offline generator writes the replies (it quotes the recalled memory): no LLM wrote them.")
     return notes
 
@@ -302,7 +304,7 @@ def _judge_block(ctx: Context, spec: str) -> dict[str, Any]:
     if spec == "offline":
         return {"kind": "offline"}
     if spec in ("generator", "judge"):
-        return set_options(ctx.config.llm[spec])
+        return RunSpec.from_config(ctx.config).llm.options(spec)
     path = Path(spec).expanduser()
     if not (path / "config.json").is_file():
         raise ValueError(f"experiments.judges entry {spec!r} is not offline / generator / judge or a local model "
@@ -373,8 +375,7 @@ def judges(ctx: Context) -> Report:
     reward of rl.likelihood, or a variant of it, "likelihood/utterance+control+cost0.1"), then the trained agent's
     automatic metrics; every evaluation is judged by the config's own judge, so only the reward model differs."""
     own_source = ctx.config.rl.reward.get("source", "judge")
-    own = {"source": own_source, **(set_options(ctx.config.llm.judge) if own_source == "judge" else
-                                     _likelihood_settings(ctx))}
+    own = {"source": own_source, **(_judge_block(ctx, JUDGE) if own_source == "judge" else _likelihood_settings(ctx))}
     specs = list(ctx.exp("judges", ("offline",)))
     blocks = {spec if _is_likelihood(spec) else _judge_label(spec): _reward_model(ctx, spec) for spec in specs}
     if len(blocks) < len(specs):

@@ -34,8 +34,8 @@ from icml_jax.evaluation.locomo_qa import QA_JSONL, QAItem, judge_rows, play_qa
 from icml_jax.evaluation.significance import sign_flip_p_value
 from icml_jax.experiments import runs
 from icml_jax.experiments.tables import Report
-from icml_jax.llm.cache import CachedBackend, ResponseCache, answer_namespace
-from icml_jax.llm.registry import make_backend
+from icml_jax.llm.cache import CachedBackend, ResponseCache
+from icml_jax.llm.config import GENERATOR, JUDGE
 from icml_jax.llm.verbatim import VerbatimNotes
 from icml_jax.memory.store import MemoryStore
 from icml_jax.run.runspec import RunSpec
@@ -149,14 +149,14 @@ def run_system(config: ml_collections.ConfigDict, settings: LocomoSettings, out_
         if _same_setting(content.get("setting") or {}, json.loads(json.dumps(setting))):
             return content
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(config, policy_dir or out_dir)
+    spec = RunSpec.from_config(config)
+    tokenizer = build_tokenizer(config, policy_dir or out_dir, spec)
     count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     cache = ResponseCache(cache_path)
-    generator = CachedBackend(make_backend(config.llm.generator), cache,
-                              answer_namespace(config.llm.generator.to_dict()))
+    generator = CachedBackend(spec.llm.make_backend(GENERATOR), cache, spec.llm.namespace(GENERATOR))
     writer = VerbatimNotes(generator) if settings.notes == "turn" else generator
     # the judge back end: J (settings.judge) and the learner's rewards where they come from judges
-    judge = (CachedBackend(make_backend(config.llm.judge), cache, answer_namespace(config.llm.judge.to_dict()))
+    judge = (CachedBackend(spec.llm.make_backend(JUDGE), cache, spec.llm.namespace(JUDGE))
              if settings.judge or system == OURS_ONLINE else None)
     factory = _factory(system, policy_dir)
     with MemoryStore() as store:

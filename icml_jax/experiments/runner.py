@@ -17,7 +17,7 @@ import ml_collections
 from icml_jax.configlib import ConfigError
 from icml_jax.experiments.catalog import EXPERIMENTS, Context
 from icml_jax.experiments.tables import write
-from icml_jax.llm.registry import set_options
+from icml_jax.llm.config import GENERATOR, JUDGE
 from icml_jax.models.backbone import TINY
 from icml_jax.run.runspec import RunSpec
 
@@ -28,8 +28,8 @@ def setting_of(config: ml_collections.ConfigDict) -> dict[str, Any]:
     backbone = spec.model
     model = (f"tiny random decoder (hidden {backbone.hidden}, {backbone.layers} layer(s))"
              if backbone.kind == TINY else str(backbone.path))
-    judge = set_options(config.llm.judge)
-    return {"data": spec.data.name, "model": model, "generator": set_options(config.llm.generator),
+    judge = spec.llm.options(JUDGE)
+    return {"data": spec.data.name, "model": model, "generator": spec.llm.options(GENERATOR),
             "judge": ("offline (an oracle: it reads the data's labels)" if judge.get("kind") == "offline"
                       else judge)}
 

@@ -15,7 +15,6 @@ import ml_collections
 
 from icml_jax.agents.agent import MemoryAgent
 from icml_jax.checkpoint import META_FILE, load_warmup
-from icml_jax.llm.registry import make_backend
 from icml_jax.llm.types import MissingAPIKeyError
 from icml_jax.run.builders import build_models
 from icml_jax.run.runspec import RunSpec
@@ -105,7 +104,7 @@ def load_model(workdir: str | Path) -> ChatModel:
     spec = RunSpec.from_config(config)
     checkpoint, note = find_checkpoint(workdir)
     try:
-        generator = make_backend(config.llm.generator)
+        generator = spec.make_backend("generator")
     except MissingAPIKeyError as exc:  # the key is read from the environment only; never printed
         raise ChatError(f"config.llm.generator of {workdir} is a Gemini back end: {exc}") from None
     try:

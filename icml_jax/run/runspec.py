@@ -22,7 +22,7 @@ from icml_jax.configlib import field_default, known_fields
 from icml_jax.data.config import REAL_DATASETS, DataConfig
 from icml_jax.data.persona_world import PersonaWorldConfig
 from icml_jax.data.stream import user_speaker
-from icml_jax.llm.registry import make_backend, remote_context_tokens, set_options
+from icml_jax.llm.config import GENERATOR, LLMConfig
 from icml_jax.llm.types import LLMBackend
 from icml_jax.models.backbone import BackboneConfig
 from icml_jax.rl.config import PPOConfig, RewardConfig
@@ -240,10 +240,15 @@ class RunSpec:
 
     # ------------------------------------------------------------------------------------------ the back ends
 
+    @functools.cached_property
+    def llm(self) -> LLMConfig:
+        """The back end of each role (`config.llm`: generator, judge, synthesizer)."""
+        return LLMConfig.from_config(self.config.llm)
+
     @property
     def synthesis_role(self) -> str:
         """The `config.llm` block that writes the expert data: `synthesizer` when set, else the generator."""
-        return "synthesizer" if self.config.llm.get("synthesizer") is not None else "generator"
+        return self.llm.synthesis_role
 
     @property
     def condense_memories(self) -> bool:
@@ -266,18 +271,18 @@ class RunSpec:
 
     def make_backend(self, role: str) -> LLMBackend:
         """A new client of the `config.llm.<role>` back end (the caller closes it)."""
-        return make_backend(self.config.llm[role])
+        return self.llm.make_backend(role)
 
     @property
     def generator_context_tokens(self) -> int | None:
         """The remote generator's input window (`config.llm.generator.context_tokens`, else its kind's default),
         None when the generator runs locally (offline, local: the backbone's context bounds a prompt)."""
-        return remote_context_tokens(self.config.llm.generator, "config.llm.generator")
+        return self.llm.context_tokens(GENERATOR)
 
     @property
     def judge_is_generator(self) -> bool:
         """Whether the judge and the generator are one back end (then one client serves both roles)."""
-        return set_options(self.config.llm.judge) == set_options(self.config.llm.generator)
+        return self.llm.judge_is_generator
 
     # ---------------------------------------------------------------------------------------------- the chat
 

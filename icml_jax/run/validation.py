@@ -17,7 +17,7 @@ from icml_jax.checkpoint import META_FILE
 from icml_jax.configlib import ConfigError, config_differences, field_default
 from icml_jax.data.config import PERSONA_WORLD
 from icml_jax.data.stream import check_data_config
-from icml_jax.llm.registry import api_key_variables, check_backend
+from icml_jax.llm.registry import api_key_variables
 from icml_jax.llm.remote import read_api_key
 from icml_jax.llm.types import MissingAPIKeyError
 from icml_jax.models.backbone import PRETRAINED, TINY
@@ -79,14 +79,18 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
     elif model.kind == TINY and spec.data.name != PERSONA_WORLD:
         raise ConfigError("config.model.kind='tiny' builds its tokenizer from the persona world's vocabulary; "
                           f"it needs config.data.name='persona_world', got {spec.data.name!r}")
+    try:  # the roles and each block's kind, keys and values are checked as they are read
+        llm = spec.llm
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     roles = spec.backend_roles(stages)
-    for role, block in config.llm.items():  # every block's kind, keys and values, used by these stages or not
+    for role, block in llm.configured().items():  # every configured block, used by these stages or not
         if block is None and role not in roles:
             continue
         try:
             if block is None:
                 raise ValueError(f"config.llm.{role}: no back end configured, but the stages {list(stages)} use it")
-            values = check_backend(block, f"config.llm.{role}")
+            values = llm.check(role)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         name, env = api_key_variables(values)

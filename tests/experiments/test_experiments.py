@@ -426,3 +426,22 @@ def test_judge_notes_call_only_the_offline_judge_an_oracle():
     assert "oracle" not in " ".join(notes) and "no LLM wrote them" in notes[-1]  # demo: the offline generator
     config.llm.generator = ml_collections.ConfigDict(dict(kind="local", model_dir="/m/smollm2"))
     assert len(judge_notes(config)) == 1
+
+
+@pytest.mark.parametrize("name", ["demo", "gc_smollm2", "base"])
+@pytest.mark.parametrize("switch", [None, "generator", "judge"])
+def test_setting_of_records_the_back_ends_as_the_raw_blocks_did(name, switch):
+    """results.json's setting names the back ends as before the `llm` block was typed (old runs are compared with
+    it): set_options of each raw block, the offline judge named an oracle; also with a role switched to a keyless
+    OpenAI-compatible server (--config.llm.<role>.kind=openai ...)."""
+    from icml_jax.configlib import apply_overrides
+    from icml_jax.experiments.runner import setting_of
+
+    config = load_config(name)
+    if switch:
+        apply_overrides(config, {f"llm.{switch}.kind": "openai", f"llm.{switch}.base_url": "http://127.0.0.1:1/v1",
+                                 f"llm.{switch}.model": "served", f"llm.{switch}.api_key_env": ()})
+    judge = set_options(config.llm.judge)  # the code path before RunSpec.llm
+    old = {"generator": set_options(config.llm.generator),
+           "judge": "offline (an oracle: it reads the data's labels)" if judge.get("kind") == "offline" else judge}
+    assert {k: setting_of(config)[k] for k in old} == old
