@@ -13,12 +13,13 @@ program on the same host gives).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from icml_jax.evaluation.report import read_jsonl
 
 METRICS = "metrics.jsonl"
 TIMING_WORDS = ("seconds", "second", "time", "wall", "ms", "latency", "per_s", "throughput", "elapsed",
@@ -78,15 +79,7 @@ def same(a: Any, b: Any, rtol: float) -> bool:
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a run's metrics.jsonl (`path` is the file or the run's workdir), naming a bad line."""
-    file = path / METRICS if path.is_dir() else path
-    rows = []
-    for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{file}:{n}: not JSON ({exc.msg})") from None
-    return rows
+    return read_jsonl(path / METRICS if path.is_dir() else path)
 
 
 def differences(old: list[dict[str, Any]], new: list[dict[str, Any]], rtol: float = 0.0) -> list[str]:

@@ -252,8 +252,13 @@ def read_targets(eval_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(eval_dir) / TARGETS_JSONL
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no targets.jsonl (an evaluation directory, `<workdir>/eval`, is expected)")
+    return read_jsonl(path)
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file (blank lines skipped); a line that is not JSON is named by file and line."""
     rows = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():
             try:
                 rows.append(json.loads(line))
@@ -262,5 +267,5 @@ def read_targets(eval_dir: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-__all__ = ["EFFICIENCY_PNG", "RESULTS_JSON", "RESULTS_MD", "TABLE1", "TABLE8", "TARGETS_JSONL", "read_targets",
+__all__ = ["EFFICIENCY_PNG", "RESULTS_JSON", "RESULTS_MD", "TABLE1", "TABLE8", "TARGETS_JSONL", "read_jsonl", "read_targets",
            "per_session_efficiency", "results_markdown", "summarize", "write_outputs"]
