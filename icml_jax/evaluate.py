@@ -228,9 +228,9 @@ def policy_factory(checkpoint: str | Path | None = None) -> AgentFactory:
                                             config=dataclasses.replace(spec.agent, greedy=True), seed=int(config.seed),
                                             policy_version=str(meta.get("policy_version", ckpt.name))),
                                 temperature=reply_temperature(config), lockstep=spec.learner.users_in_flight)
-        # notes: the note check's live counts (llm.note_check), read when the setting is written after the run
+        # notes, planner: the note check's and the Planner's live counts, read when the setting is written after the run
         return agent, {"checkpoint": str(ckpt), "training": training_record(ckpt, meta),
-                       "notes": agent.agent.note_stats}
+                       "notes": agent.agent.note_stats, "planner": agent.agent.save_stats}
 
     return build
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 import ml_collections
 import pytest
 
@@ -529,6 +530,9 @@ def test_gc_config_learns_online_on_built_gapchat_data(tmp_path):
                                      "end can)"}
     notes = content["setting"]["notes"]  # the note check's counts: the offline writer's notes are the turns
     assert set(notes) == {"notes", "rewritten", "fallback", "problems"} and notes["rewritten"] == notes["fallback"] == 0
+    planner = content["setting"]["planner"]  # the Planner's p(save) over the history turns it acted on
+    assert planner["decisions"] > 0 and sum(planner["histogram"]) == planner["decisions"]
+    assert np.isclose(planner["saved"] / planner["decisions"], content["memory"]["save_rate"])
 
     # no train/test leak: every played episode went without its final session, and results.json says which
     # episodes trained the evaluated policy

@@ -28,6 +28,27 @@ from icml_jax.memory.writer import TurnToSave, commit_saves, condense, note_coun
 from icml_jax.models.sampler import bucket
 
 
+SAVE_PROB_BINS = 10  # histogram bins of width 0.1 over p(save)
+
+
+def save_prob_counts(probs: Sequence[float], saves: Sequence[bool], counts: dict[str, Any] | None = None
+                     ) -> dict[str, Any]:
+    """Adds Planner decisions to `counts` ({"decisions", "saved", "mean_prob", "histogram": SAVE_PROB_BINS counts of
+    p(save) in [0, 0.1), ..., [0.9, 1]}, made when None) and returns it: where the save probabilities sit against
+    the greedy line at 0.5, which the save rate alone does not show."""
+    counts = counts if counts is not None else {"decisions": 0, "saved": 0, "mean_prob": 0.0,
+                                                "histogram": [0] * SAVE_PROB_BINS}
+    if len(probs) != len(saves):
+        raise ValueError(f"save_prob_counts: {len(probs)} probabilities for {len(saves)} decisions")
+    for p, saved in zip(probs, saves):
+        n = counts["decisions"]
+        counts["mean_prob"] = (counts["mean_prob"] * n + float(p)) / (n + 1)
+        counts["decisions"] = n + 1
+        counts["saved"] += int(bool(saved))
+        counts["histogram"][min(SAVE_PROB_BINS - 1, max(0, int(float(p) * SAVE_PROB_BINS)))] += 1
+    return counts
+
+
 @dataclasses.dataclass(frozen=True)
 class TriggerDecision:
     """Which memory grounded the reply: candidates offered, the index chosen (0 = none) and its statistics."""
@@ -217,6 +238,7 @@ class MemoryAgent:
         self.key = jax.random.key(seed)
         self._pool: cf.ThreadPoolExecutor | None = None  # made by the first remote `step` without a pool
         self.note_stats = note_counts([])  # the note check's outcomes over every save (`writer.note_counts`)
+        self.save_stats = save_prob_counts([], [])  # the Planner's p(save) over every scored decision
 
     def _next_keys(self, n: int) -> np.ndarray:
         """`n` keys from the agent's own stream as raw key data [n, ...] (the chat; the learner passes
@@ -415,6 +437,7 @@ class MemoryAgent:
                 decision_id=t.base + "/planner", save=bool(save[i]), prob_save=float(stats.probs[i]),
                 logp=float(stats.logp[i]), entropy=float(stats.entropy[i]), value=float(stats.value[i]),
                 tokens=tokens, mask=mask))
+        save_prob_counts([d.prob_save for d in out], [d.save for d in out], self.save_stats)  # checked above
         return out
 
     def _planner_memories(self, turns: Sequence[TurnInput]) -> list[list[str]]:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from icml_jax.agents import AgentConfig, MemoryAgent, ObservationConfig
+from icml_jax.agents.agent import save_prob_counts
 from icml_jax.llm import LocalBackend, OfflineBackend, make_backend
 from icml_jax.memory import MemoryStore, NewFragment
 from tests.agents.conftest import tiny_backbone
@@ -50,6 +51,28 @@ def test_turns_with_offline_backend(policies, tokenizer):
     later = receipts[-1].trigger
     assert len(later.candidate_ids) == len([r for r in receipts[:-1] if r.fragment])  # saved memories offered
     assert store.count("bob") == 0  # another user sees nothing
+
+
+def test_save_prob_counts_bins_probabilities_against_the_greedy_line():
+    counts = save_prob_counts([0.05, 0.49, 0.5, 1.0], [False, False, True, True])
+    assert counts["decisions"] == 4 and counts["saved"] == 2
+    assert counts["histogram"] == [1, 0, 0, 0, 1, 1, 0, 0, 0, 1]  # 1.0 falls in the last bin, 0.5 above the line
+    assert np.isclose(counts["mean_prob"], (0.05 + 0.49 + 0.5 + 1.0) / 4)
+    save_prob_counts([0.25], [False], counts)  # added in place
+    assert counts["decisions"] == 5 and counts["histogram"][2] == 1
+    assert np.isclose(counts["mean_prob"], (0.05 + 0.49 + 0.5 + 1.0 + 0.25) / 5)
+    with pytest.raises(ValueError, match="2 probabilities for 1 decisions"):
+        save_prob_counts([0.1, 0.2], [True])
+
+
+def test_agent_counts_every_planner_probability(policies, tokenizer):
+    agent = MemoryAgent(policies, tokenizer, MemoryStore(), OfflineBackend(), config=CFG, seed=0)
+    receipts = run_turns(agent) + run_turns(agent, user="bob")
+    probs = [r.planner.prob_save for r in receipts]
+    stats = agent.save_stats
+    assert stats["decisions"] == 6 and stats["saved"] == sum(r.fragment is not None for r in receipts)
+    assert np.isclose(stats["mean_prob"], np.mean(probs), atol=1e-6)
+    assert stats["histogram"] == np.histogram(probs, bins=10, range=(0, 1))[0].tolist()
 
 
 def test_greedy_agent_is_deterministic(policies, tokenizer):
