@@ -1,6 +1,6 @@
 """The run's models: the Planner and Trigger policies with their tokenizer, built from the typed `config.model`
-(`RunSpec.model`) and `config.policy` (a tiny random backbone over the worlds' words, or a local Hugging Face
-checkpoint with LoRA)."""
+(`RunSpec.model`) and `config.policy` (`RunSpec.policy`): a tiny random backbone over the worlds' words, or a local
+Hugging Face checkpoint with LoRA."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import ml_collections
 
 from icml_jax import parallel
 from icml_jax.agents import tiny
-from icml_jax.agents.build import build_policies
-from icml_jax.agents.policy import MemoryPolicies
+from icml_jax.agents.build import build_policies, policies_on
 from icml_jax.models.backbone import TINY
 from icml_jax.models.decoder import Decoder
 from icml_jax.models.lora import LoraConfig, apply_lora
@@ -45,7 +44,8 @@ def build_models(config: ml_collections.ConfigDict, workdir: Path, spec: RunSpec
     _, local_mesh = parallel.process_meshes(dict(config.parallel.mesh))
     if model.kind == TINY:
         tokenizer = build_tiny_tokenizer(config, workdir, spec)
-        seed = int(config.policy.seed)
+        policy = spec.policy
+        seed = policy.seed
         backbone = Decoder(tiny.tiny_model_config(len(tokenizer), model.hidden, model.layers), rngs=nnx.Rngs(seed))
         if model.tiny_lora:
             backbone = apply_lora(backbone, LoraConfig.from_config(config.lora), seed=seed)
@@ -57,16 +57,13 @@ def build_models(config: ml_collections.ConfigDict, workdir: Path, spec: RunSpec
                 trigger = apply_lora(trigger, LoraConfig.from_config(config.lora), seed=seed + 2)
         for decoder in (backbone, trigger):
             if decoder is not None:
-                decoder.remat = config.policy.get("remat", "none")
-        policies = MemoryPolicies(backbone, trigger, pooling=config.policy.pooling,
-                                  match_rank=int(config.policy.match_rank),
-                                  shared_prefix=bool(config.policy.get("shared_prefix", False)),
-                                  suffix_slots=int(config.policy.get("suffix_slots", 32)), rngs=nnx.Rngs(seed + 1))
+                decoder.remat = policy.remat
+        policies = policies_on(backbone, trigger, policy, rngs=nnx.Rngs(seed + 1))
         if local_mesh.size > 1:  # several devices: the policies live on them (replicated), as a real model does
             parallel.shard_model(policies, local_mesh, parallel.rules_from(config.parallel.rules))
         return policies, tokenizer
 
     # each process holds its own copy on its devices (with one process: the whole mesh)
-    policies = build_policies(config.policy, config.lora, mesh=local_mesh,
+    policies = build_policies(spec.policy, config.lora, mesh=local_mesh,
                               rules=parallel.rules_from(config.parallel.rules))
     return policies, load_tokenizer(model.path)

@@ -17,6 +17,7 @@ from typing import Any
 import ml_collections
 
 from icml_jax.agents.agent import AgentConfig
+from icml_jax.agents.build import PolicyConfig
 from icml_jax.agents.observation import ObservationConfig
 from icml_jax.configlib import field_default, known_fields
 from icml_jax.data.config import REAL_DATASETS, DataConfig
@@ -152,6 +153,11 @@ class RunSpec:
     def model(self) -> BackboneConfig:
         """The policies' backbone (`config.model`): a local checkpoint or the tiny decoder, and its dtype."""
         return BackboneConfig.from_config(self.config.model)
+
+    @functools.cached_property
+    def policy(self) -> PolicyConfig:
+        """The two policies' backbones, heads and initialisation (`config.policy`)."""
+        return PolicyConfig.from_config(self.config.get("policy"))
 
     # ---------------------------------------------------------------------------------------- the policies' view
 

@@ -60,8 +60,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
         if not manifest.is_file():
             raise ConfigError(f"config.mode runs 'warmup' without 'synthesize' but {manifest} does not exist; "
                               f"add 'synthesize' to config.mode or synthesize into that directory first")
-    try:  # kind, dtype and sizes are checked as the typed block is built
-        model = spec.model
+    try:  # kind, dtype and sizes are checked as the typed blocks are built
+        model, policy = spec.model, spec.policy
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if model.kind == PRETRAINED:
@@ -72,7 +72,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
         if not (Path(path).expanduser() / "config.json").is_file():
             raise ConfigError(f"config.model.path={path!r}: no config.json there; expected a local Hugging Face "
                               f"checkpoint directory (nothing is downloaded)")
-        trigger = config.policy.trigger_model
+        trigger = policy.trigger_model
         if trigger and not (Path(trigger).expanduser() / "config.json").is_file():
             raise ConfigError(f"config.policy.trigger_model={trigger!r}: no config.json there; expected a local "
                               f"Hugging Face checkpoint directory")

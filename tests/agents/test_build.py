@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from icml_jax.agents.build import build_policies, default_config
+from icml_jax.agents.build import PolicyConfig, build_policies, default_config
 from icml_jax.agents.policy import TRAINABLE
 from icml_jax.models.lora import LoraConfig
 from tests.models import hf_fixtures as F
@@ -73,3 +73,21 @@ def test_base_config_policy_block_follows_model_path():
     assert config.policy.planner_model == "/models/Qwen3-1.7B" and config.policy.trigger_model is None
     config.policy.trigger_model = "/models/Qwen3-8B"  # the mixed-size grid
     assert config.policy.planner_model == "/models/Qwen3-1.7B"
+
+
+def test_policy_block_is_typed_once_and_refuses_bad_values():
+    assert PolicyConfig.from_config(default_config()) == PolicyConfig()  # the block is the dataclass' defaults
+    assert default_config().to_dict() == PolicyConfig().to_dict()
+    with pytest.raises(ValueError, match=r"config.policy: unknown key\(s\) \['polling'\]"):
+        PolicyConfig.from_config({"polling": "mean"})
+    with pytest.raises(ValueError, match=r"config.policy.pooling='max' is not one of \('last', 'mean'\)"):
+        PolicyConfig.from_config({"pooling": "max"})
+    with pytest.raises(ValueError, match="config.policy.match_rank must be an int >= 0, got -1"):
+        PolicyConfig(match_rank=-1)
+    with pytest.raises(ValueError, match="config.policy.suffix_slots must be an int >= 1, got True"):
+        PolicyConfig(suffix_slots=True)
+    with pytest.raises(ValueError, match="config.policy.dtype='int8'"):
+        PolicyConfig(dtype="int8")
+    cfg = default_config()
+    cfg.planner_model = "/models/x"  # a placeholder takes a str from flags; None stays None
+    assert PolicyConfig.from_config(cfg).planner_model == "/models/x" and PolicyConfig().trigger_model is None
