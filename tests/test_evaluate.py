@@ -415,3 +415,22 @@ def test_the_evaluation_caches_each_role_under_its_raw_blocks_namespace(tmp_path
         generator.close()
         judge.close()
         cache.close()
+
+
+def test_planner_probs_replays_a_runs_evaluation_and_counts_its_save_probabilities(warmed, tmp_path, capsys):
+    """scripts/planner_probs.py: the run's own config and checkpoint, played without the judge and the model
+    metrics; its counts are results.json's `setting.planner` and agree with the evaluation's save rate."""
+    from tests.scripts_loader import load_script
+
+    _, workdir = warmed
+    probs = load_script("planner_probs")
+    (counts,) = probs.main([str(workdir), "--out", str(tmp_path / "out"), "--json", str(tmp_path / "p.json")])
+    assert counts["checkpoint"].endswith("warmup")  # the warmed run has no online policy: its warm-up
+    assert counts["decisions"] > 0 and sum(counts["histogram"]) == counts["decisions"]
+    assert counts["saved"] / counts["decisions"] == pytest.approx(counts["save_rate"])
+    replay = json.loads((tmp_path / "out" / f"{workdir.parent.name}_{workdir.name}" / ev.EVAL_DIR /
+                         RESULTS_JSON).read_text())
+    assert replay["setting"]["judge"] is None and replay["generation"].get("Engagingness") is None  # played only
+    assert replay["setting"]["memory_gain"]["computed"] is False
+    assert json.loads((tmp_path / "p.json").read_text()) == [counts]
+    assert f"| {workdir} | {counts['decisions']} |" in capsys.readouterr().out
