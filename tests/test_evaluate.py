@@ -418,13 +418,14 @@ def test_the_evaluation_caches_each_role_under_its_raw_blocks_namespace(tmp_path
 
 
 def test_planner_probs_replays_a_runs_evaluation_and_counts_its_save_probabilities(warmed, tmp_path, capsys):
-    """scripts/planner_probs.py: the run's own config and checkpoint, played without the judge and the model
-    metrics; its counts are results.json's `setting.planner` and agree with the evaluation's save rate."""
+    """scripts/planner_probs.py: the run's own config and checkpoint with a config file's eval block, played
+    without the judge and the model metrics; its counts are results.json's `setting.planner` and agree with the evaluation's save rate."""
     from tests.scripts_loader import load_script
 
     _, workdir = warmed
     probs = load_script("planner_probs")
-    (counts,) = probs.main([str(workdir), "--out", str(tmp_path / "out"), "--json", str(tmp_path / "p.json")])
+    (counts,) = probs.main([str(workdir), "--config", "configs/demo.py", "--out", str(tmp_path / "out"),
+                            "--json", str(tmp_path / "p.json")])
     assert counts["checkpoint"].endswith("warmup")  # the warmed run has no online policy: its warm-up
     assert counts["decisions"] > 0 and sum(counts["histogram"]) == counts["decisions"]
     assert counts["saved"] / counts["decisions"] == pytest.approx(counts["save_rate"])
