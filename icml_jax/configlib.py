@@ -22,7 +22,7 @@ CHECKOUT = Path(__file__).resolve().parents[1]  # the repository holding this pa
 ADDED_KEYS: dict[str, Any] = {"policy.remat": "none", "eval.reply_temperature": None, "eval.memory_gain": False,
                               "rl.reward.source": "judge", "rl.reward.likelihood_scale": 0.1,
                               "rl.reward.likelihood_later_turns": 2, "rl.reward.likelihood_match": "pair",
-                              "rl.reward.likelihood_control": False}
+                              "rl.reward.likelihood_control": False, "learner.notes": "model"}
 
 
 class ConfigError(ValueError):

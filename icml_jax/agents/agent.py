@@ -21,6 +21,7 @@ from icml_jax.agents.prefilter import Prefilter, memory_document
 from icml_jax.agents.policy import MemoryPolicies, planner_act, trigger_act
 from icml_jax.llm.generation import Reply, ReplyInput, generate_replies
 from icml_jax.llm.types import LLMBackend, LLMResponse
+from icml_jax.llm.verbatim import VerbatimNotes
 from icml_jax.memory.fragment import Fragment
 from icml_jax.memory.lexical import bm25_scores
 from icml_jax.memory.store import MemoryStore
@@ -133,6 +134,9 @@ class AgentConfig:
     # a save shows the writer this many of the user's most similar current memories, which the new note may
     # replace (they leave the Trigger's candidates, kept in the history); 0: memories are only ever appended
     supersede_candidates: int = 3
+    # model: the generator writes each saved turn's note (checked, llm.note_check); turn: the turn's own text is
+    # its note and no model is asked (llm.verbatim), for writers whose notes fail the check anyway
+    notes: str = "model"
 
     def __post_init__(self) -> None:
         t = self.reply_temperature
@@ -145,6 +149,8 @@ class AgentConfig:
         k = self.supersede_candidates
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"AgentConfig.supersede_candidates must be an int >= 0 (0: off), got {k!r}")
+        if self.notes not in NOTE_SOURCES:
+            raise ValueError(f"AgentConfig.notes must be one of {NOTE_SOURCES}, got {self.notes!r}")
         if self.planner_rule not in PLANNER_RULES or self.trigger_rule not in TRIGGER_RULES:
             raise ValueError(f"AgentConfig: planner_rule {self.planner_rule!r} not in {PLANNER_RULES} or "
                              f"trigger_rule {self.trigger_rule!r} not in {TRIGGER_RULES}")
@@ -160,9 +166,10 @@ class AgentConfig:
 
 
 LEARNER_KEYS = ("reply_temperature", "reply_max_tokens", "note_max_tokens", "planner_rule", "trigger_rule",
-                "supersede_candidates")  # AgentConfig fields a config's `learner` block sets
+                "supersede_candidates", "notes")  # AgentConfig fields a config's `learner` block sets
 PLANNER_RULES = ("policy", "save_all")
 TRIGGER_RULES = ("policy", "lexical")
+NOTE_SOURCES = ("model", "turn")
 _NO_TOKENS = np.zeros((0,), np.int32)
 _NO_REPLY = Reply("", LLMResponse(""))  # step_many(reply=False): no reply written, no token spent
 
@@ -230,8 +237,10 @@ class MemoryAgent:
     ) -> None:
         self.policies, self.tokenizer, self.store = policies, tokenizer, store
         self.generator = generator
-        self.condenser = condenser or generator
         self.config = config or AgentConfig()
+        self.condenser = condenser or generator
+        if self.config.notes == "turn":  # each note is the saved turn's text: no condense request leaves the agent
+            self.condenser = VerbatimNotes(self.condenser)
         # which memories the policies read (`config.observation.prefilter`): built once here, shared per process
         self.prefilter = prefilter or self.config.observation.make_prefilter()
         self.policy_version = policy_version  # runtime state, not a knob: which policy acted (the learner bumps it)

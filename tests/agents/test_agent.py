@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -114,6 +116,24 @@ def test_turn_with_gemini_through_loopback(policies, tokenizer, fake_gemini, gem
             assert r.fragment.extra["note_problem"] == "shares no word with the turn"
     assert agent.note_stats == {"notes": n_saves, "rewritten": n_saves, "fallback": n_saves,
                                 "problems": {"shares no word with the turn": n_saves} if n_saves else {}}
+
+
+def test_turn_notes_ask_no_model_for_a_note(policies, tokenizer, fake_gemini, gemini_env):  # noqa: F811
+    """notes="turn": a saved turn's text is its note, and the generator only writes replies."""
+    fake_gemini.default = fake_gemini.ok("Sounds lovely!")
+    gemini = make_backend({"kind": "gemini", "model": "gemini-test", "base_url": fake_gemini.base_url,
+                           "max_attempts": 2})
+    try:
+        store = MemoryStore()
+        agent = MemoryAgent(policies, tokenizer, store, gemini, config=dataclasses.replace(CFG, notes="turn"))
+        receipts = run_turns(agent)
+    finally:
+        gemini.close()
+    saved = [r for r in receipts if r.fragment is not None]
+    assert saved and fake_gemini.hits == 3  # the replies; no condense request
+    assert all(r.fragment.text == r.utterance and not r.fragment.extra.get("condense_fallback") for r in saved)
+    with pytest.raises(ValueError, match=r"AgentConfig.notes must be one of \('model', 'turn'\), got 'llm'"):
+        dataclasses.replace(CFG, notes="llm")
 
 
 def test_planner_sees_the_most_similar_stored_memories_within_its_budget(policies, tokenizer):
