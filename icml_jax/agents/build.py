@@ -13,14 +13,13 @@ from jax.sharding import Mesh
 from ml_collections.config_dict import placeholder
 
 from icml_jax import parallel
-from icml_jax.agents.policy import HEADS, MemoryPolicies
+from icml_jax.agents.policy import HEADS, POOLINGS, MemoryPolicies
 from icml_jax.models.backbone import MODEL_DTYPES
 from icml_jax.models.decoder import Decoder, remat_policy
 from icml_jax.models.loading import from_pretrained
 from icml_jax.models.lora import LoraConfig, apply_lora
 
 
-POOLINGS = ("last", "mean")  # how a sequence's hidden states become the heads' input
 POLICY_NULLABLE = {"planner_model": str, "trigger_model": str}  # None by default: typed placeholders in the block
 
 

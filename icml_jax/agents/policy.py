@@ -78,6 +78,9 @@ class MatchHead(nnx.Module):
         return scores.at[:, 0].add(h[:, 0] @ self.none[...])
 
 
+POOLINGS = ("last", "mean")  # how a sequence's hidden states become the heads' input
+
+
 class MemoryPolicies(nnx.Module):
     """Both agents: backbones (shared when the same object is passed twice), four scalar heads (actor and value
     of each agent) and, with `match_rank > 0`, the Trigger's `MatchHead`."""
@@ -87,7 +90,7 @@ class MemoryPolicies(nnx.Module):
                  rngs: nnx.Rngs):
         if suffix_slots < 1:
             raise ValueError(f"suffix_slots must be >= 1, got {suffix_slots}")
-        if pooling not in ("last", "mean"):
+        if pooling not in POOLINGS:
             raise ValueError(f"pooling must be 'last' or 'mean', got {pooling!r}")
         if match_rank < 0:
             raise ValueError(f"match_rank must be >= 0 (0 = no bilinear Trigger term), got {match_rank}")
