@@ -102,16 +102,17 @@ def config_differences(stored: Mapping[str, Any], current: Mapping[str, Any],
                   if old.get(k, "<absent>") != new.get(k, "<absent>") and not k.startswith(ignore))
 
 
-def known_fields(cls: type, values: Mapping[str, Any] | Any | None = None, **overrides: Any) -> dict[str, Any]:
+def known_fields(cls: type, values: Mapping[str, Any] | Any | None = None, *, where: str | None = None,
+                 **overrides: Any) -> dict[str, Any]:
     """`values` (an ml_collections ConfigDict, a mapping or None) merged with `overrides`, checked against the
-    fields of dataclass `cls`; an unknown key raises ValueError naming the class and the key, so a typo in a
-    config never passes silently."""
+    fields of dataclass `cls`; an unknown key raises ValueError naming `where` (e.g. 'config.policy'; default the
+    class) and the key, so a typo in a config never passes silently."""
     merged = dict(values.to_dict() if hasattr(values, "to_dict") else values or {})
     merged.update(overrides)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(merged) - known)
     if unknown:
-        raise ValueError(f"{cls.__name__}: unknown key(s) {unknown}; known: {sorted(known)}")
+        raise ValueError(f"{where or cls.__name__}: unknown key(s) {unknown}; known: {sorted(known)}")
     return merged
 
 

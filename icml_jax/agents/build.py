@@ -13,6 +13,7 @@ from jax.sharding import Mesh
 from ml_collections.config_dict import placeholder
 
 from icml_jax import parallel
+from icml_jax.configlib import known_fields
 from icml_jax.agents.policy import HEADS, POOLINGS, MemoryPolicies
 from icml_jax.models.backbone import MODEL_DTYPES
 from icml_jax.models.decoder import Decoder, remat_policy
@@ -69,12 +70,7 @@ class PolicyConfig:
     @classmethod
     def from_config(cls, block: ml_collections.ConfigDict | Mapping[str, Any] | None) -> PolicyConfig:
         """From the `policy` block (a ConfigDict, a mapping or None: the defaults); an unknown key is an error."""
-        values = dict(block.to_dict() if hasattr(block, "to_dict") else block or {})
-        known = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise ValueError(f"config.policy: unknown key(s) {unknown}; known: {sorted(known)}")
-        return cls(**values)
+        return cls(**known_fields(cls, block, where="config.policy"))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields, in their order."""

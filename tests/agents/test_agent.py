@@ -93,10 +93,15 @@ def test_turn_with_local_backend(policies, tokenizer, tmp_path):
     assert local.usage.calls == 3
 
 
+def loopback_gemini(fake_gemini, answer: str):  # noqa: F811
+    """A Gemini back end on the loopback fake that answers every request with `answer`."""
+    fake_gemini.default = fake_gemini.ok(answer)
+    return make_backend({"kind": "gemini", "model": "gemini-test", "base_url": fake_gemini.base_url,
+                         "max_attempts": 2})
+
+
 def test_turn_with_gemini_through_loopback(policies, tokenizer, fake_gemini, gemini_env):  # noqa: F811
-    fake_gemini.default = fake_gemini.ok("Sounds lovely!")
-    gemini = make_backend({"kind": "gemini", "model": "gemini-test", "base_url": fake_gemini.base_url,
-                           "max_attempts": 2})
+    gemini = loopback_gemini(fake_gemini, "Sounds lovely!")
     try:
         store = MemoryStore()
         agent = MemoryAgent(policies, tokenizer, store, gemini, config=CFG)
@@ -120,9 +125,7 @@ def test_turn_with_gemini_through_loopback(policies, tokenizer, fake_gemini, gem
 
 def test_turn_notes_ask_no_model_for_a_note(policies, tokenizer, fake_gemini, gemini_env):  # noqa: F811
     """notes="turn": a saved turn's text is its note, and the generator only writes replies."""
-    fake_gemini.default = fake_gemini.ok("Sounds lovely!")
-    gemini = make_backend({"kind": "gemini", "model": "gemini-test", "base_url": fake_gemini.base_url,
-                           "max_attempts": 2})
+    gemini = loopback_gemini(fake_gemini, "Sounds lovely!")
     try:
         store = MemoryStore()
         agent = MemoryAgent(policies, tokenizer, store, gemini, config=dataclasses.replace(CFG, notes="turn"))
