@@ -105,12 +105,12 @@ def test_a_stall_is_cut_at_the_short_attempt_timeout_not_timeout_s(fake_gemini, 
 
 
 def test_a_slow_but_healthy_server_gets_longer_attempts(fake_gemini, gemini_env):
-    fake_gemini.default = fake_gemini.slow(0.5, fake_gemini.ok("slow but fine"))
-    config = GeminiConfig(model=MODEL, base_url=fake_gemini.base_url, timeout_s=5.0, timeout_floor_s=0.1,
+    fake_gemini.default = fake_gemini.slow(1.2, fake_gemini.ok("slow but fine"))
+    config = GeminiConfig(model=MODEL, base_url=fake_gemini.base_url, timeout_s=5.0, timeout_floor_s=0.25,
                           timeout_tokens_per_s=1e9, initial_backoff_s=0.001, jitter=0.0)
     with GeminiBackend(config, sleep=lambda s: None) as be:
         (resp,) = be.generate([LLMRequest(prompt="x", max_output_tokens=1)])
-    assert resp.text == "slow but fine" and resp.attempts == 4  # timeouts of 0.1, 0.2, 0.4 s, then 0.8 s
+    assert resp.text == "slow but fine" and resp.attempts == 4  # timeouts 0.25, 0.5, 1.0 s, then 2.0 s (0.8 s spare)
 
 
 def test_thirty_percent_faults_cost_retries_not_requests(fake_gemini, gemini_env):
@@ -120,10 +120,11 @@ def test_thirty_percent_faults_cost_retries_not_requests(fake_gemini, gemini_env
     from icml_jax.llm.generation import generate_each
 
     fake_gemini.responder = lambda body: fake_gemini.ok("echo:" + body["contents"][0]["parts"][0]["text"])
-    fake_gemini.inject_faults(0.3, fake_gemini.fault_mix(stall_s=1.0), seed=7)
+    # A stall (10 s) always outlasts an attempt (at most 2 s); a healthy answer on a loaded host never nears 1 s.
+    fake_gemini.inject_faults(0.3, fake_gemini.fault_mix(stall_s=10.0), seed=7)
     clock = FakeClock()
-    config = GeminiConfig(model=MODEL, base_url=fake_gemini.base_url, max_concurrency=8, timeout_floor_s=0.1,
-                          timeout_tokens_per_s=1e9)
+    config = GeminiConfig(model=MODEL, base_url=fake_gemini.base_url, max_concurrency=8, timeout_floor_s=1.0,
+                          timeout_s=2.0, timeout_tokens_per_s=1e9)
     requests = [LLMRequest(prompt=f"p{i}", max_output_tokens=1) for i in range(40)]
     with GeminiBackend(config, sleep=clock.sleep, rng=random.Random(0)) as be:
         out = generate_each(be, requests)
