@@ -298,6 +298,11 @@ def test_cli_overrides(tmp_path):
     assert "config error: config.model.path='/nonexistent/ckpt'" in bad.stderr
     assert "stages:" not in bad.stderr
 
+    # `=None` unsets a key, a number's too (ml_collections read it as the text "None" or refused it)
+    unset = _cli("--config.model.kind=pretrained", "--config.model.path=None", "--config.rl.ppo.max_grad_norm=None",
+                 tmp_path=tmp_path)
+    assert unset.returncode == 2 and unset.stderr.startswith("config error: config.model.path is not set"), unset.stderr
+
     # a key the config lacks: one line naming the flag (it was a 55-line traceback); --debug shows the traceback
     typo = _cli("--config.learner.update_evry=2", tmp_path=tmp_path)
     assert typo.returncode == 2 and typo.stderr.strip().splitlines() == [typo.stderr.strip()], typo.stderr

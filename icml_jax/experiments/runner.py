@@ -93,7 +93,7 @@ def cli() -> None:
         print(files["md"].read_text(encoding="utf-8"))
         print("files: " + ", ".join(str(p) for p in files.values()))
 
-    app.run(main, argv=_seeds_argv(sys.argv))
+    app.run(main, argv=_seeds_argv(sys.argv), flags_parser=lambda argv: shared.parse_flags(argv, "experiment"))
 
 
 __all__ = ["cli", "run_experiment", "setting_of"]

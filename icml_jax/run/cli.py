@@ -88,15 +88,50 @@ def _override_path(argv: Sequence[str], exc: BaseException) -> str:
     return ", ".join(named or overrides) or "the --config flag"
 
 
+def split_none_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(argv without its `--config.KEY=None` overrides, those KEYs): ml_collections would read "None" as the text
+    of a str key and refuse it for a number, where every config documents None as "unset"."""
+    rest, keys = [], []
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        if eq and value == "None" and name.startswith("--config.") and len(name) > len("--config."):
+            keys.append(name[len("--config."):])
+        else:
+            rest.append(arg)
+    return rest, keys
+
+
+def set_to_none(config: Any, keys: Sequence[str]) -> None:
+    """Sets each dotted key of `config` to None; ConfigError naming the flag when the config lacks the key."""
+    for key in keys:
+        *parents, leaf = key.split(".")
+        block = config
+        for part in parents:
+            block = block.get(part) if hasattr(block, "get") else None
+        if not hasattr(block, "get") or leaf not in block:
+            raise ConfigError(f"--config.{key}=None: no such key in the config file; the config file's keys are the "
+                              "ones to override")
+        block[leaf] = None
+
+
 def parse_flags(argv: Sequence[str], tool: str = "config") -> list[str]:
     """absl's flag parsing, with a command-line override of a key the config lacks (or of a wrong type) ending
-    in one line naming the flag instead of a traceback from ml_collections."""
+    in one line naming the flag instead of a traceback from ml_collections; `--config.KEY=None` sets KEY to None."""
+    original = list(argv)
+    argv, none_keys = split_none_overrides(original)
     try:
-        return flags.FLAGS(list(argv))
+        rest = flags.FLAGS(list(argv))
+        if none_keys:
+            if CONFIG.value is None:
+                raise ConfigError(f"--config.{none_keys[0]}=None needs --config=FILE")
+            set_to_none(CONFIG.value, none_keys)
+        return rest
+    except ConfigError as exc:
+        fail(tool, exc, "--debug" in argv)
     except flags.Error as exc:
         fail(tool, ConfigError(f"{exc}; --helpfull lists the flags"), "--debug" in argv)
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        where = _override_path(argv, exc)
+        where = _override_path(original, exc)
         fail(tool, ConfigError(f"{where}: no such key in the config file, or a value of the wrong type "
                                f"({type(exc).__name__}: {exc}); the config file's keys are the ones to override"),
              "--debug" in argv)

@@ -409,6 +409,12 @@ def test_cli_errors_are_one_line(tmp_path):
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "experiment error: ten_sessions needs the persona world" in proc.stderr
+    # a bad override: one line naming the flag (the shared parser of icml_jax.run.cli), not a traceback
+    typo = subprocess.run([sys.executable, "-m", "icml_jax.experiments", "--experiment=ten_sessions",
+                           f"--config={ROOT / 'configs' / 'gc.py'}", f"--workdir={tmp_path}",
+                           "--config.learner.update_evry=2"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert typo.returncode == 2 and typo.stderr.strip().splitlines() == [typo.stderr.strip()], typo.stderr[-2000:]
+    assert typo.stderr.startswith("experiment error: --config.learner.update_evry: no such key"), typo.stderr
 
 
 def test_judge_notes_call_only_the_offline_judge_an_oracle():
