@@ -19,6 +19,7 @@ from icml_jax.checkpoint.policy_file import (
     load_warmup,
     param_index,
     read_warmup_metadata,
+    save_policy_arrays,
     save_warmup,
 )
 from icml_jax.checkpoint.run import RunCheckpointer, load_memory_state, memory_state
@@ -38,6 +39,7 @@ __all__ = [
     "memory_state",
     "param_index",
     "read_warmup_metadata",
+    "save_policy_arrays",
     "restore_arrays",
     "save_warmup",
     "state_index",

@@ -11,6 +11,7 @@ import jax
 
 from icml_jax import parallel
 from icml_jax.checkpoint.arrays import CheckpointError
+from icml_jax.checkpoint.policy_file import save_policy_arrays
 from icml_jax.checkpoint.run import RunCheckpointer, load_memory_state, memory_state
 from icml_jax.memory.store import MemoryStore
 
@@ -35,6 +36,24 @@ def own_state(state: dict[str, Any], where: Path) -> dict[str, Any]:
         raise CheckpointError(f"{where} is a checkpoint of a run of {saved} JAX process(es); this run has "
                               f"{jax.process_count()}: resume it with {saved} (each process holds its own users)")
     return state["processes"][jax.process_index()] if saved > 1 else state
+
+
+def export_policy(directory: str | Path, step: int, out: str | Path) -> Path:
+    """Checkpoint `step` of an online run's checkpoint directory written as a policy file in `out` (what
+    `python -m icml_jax.evaluate --checkpoint` and the chat load): the policies after that step's updates, so a
+    held-out evaluation can follow the policy update by update. Returns `out`."""
+    directory = Path(directory)
+    with RunCheckpointer(directory, async_save=False) as ckpt:
+        steps = ckpt.all_steps()
+        if step not in steps:
+            raise CheckpointError(f"{directory}: no complete checkpoint at step {step}; steps kept: {steps} "
+                                  "(config.checkpoint.keep sets how many)")
+        _, arrays, state = ckpt.restore(step)
+    first = state["processes"][0] if int(state.get("process_count", 1)) > 1 else state  # the same policy on each
+    counters = first.get("counters", {})
+    return save_policy_arrays(out, arrays["params"], {
+        "stage": "online", "episodes": counters.get("episodes_seen", step), "updates": counters.get("updates"),
+        "exported_from": str(directory.absolute() / str(step))})
 
 
 class OnlineCheckpoint:
@@ -66,4 +85,4 @@ class OnlineCheckpoint:
         return state
 
 
-__all__ = ["ARRAY_KEYS", "OnlineCheckpoint", "gather_state", "own_state"]
+__all__ = ["ARRAY_KEYS", "OnlineCheckpoint", "export_policy", "gather_state", "own_state"]

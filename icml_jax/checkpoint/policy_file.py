@@ -19,7 +19,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from icml_jax import parallel
-from icml_jax.checkpoint.arrays import TRAINABLE, Index, check_compatible, flat_variables, key_of, state_index
+from icml_jax.checkpoint.arrays import TRAINABLE, Index, check_compatible, flat_variables, index_of, key_of, state_index
 from icml_jax.checkpoint.files import write_text_atomic
 
 META_FILE = "warmup.json"
@@ -47,11 +47,28 @@ def save_warmup(path: str | os.PathLike[str], policies: nnx.Module, metadata: di
     several = jax.process_count() > 1
     if several:  # each process holds the same policy on its own devices: host copies, the first process writes
         arrays = {k: np.asarray(jax.device_get(v)) for k, v in arrays.items()}
+    return _write(path, arrays, param_index(policies), metadata)
+
+
+def save_policy_arrays(path: str | os.PathLike[str], arrays: dict[str, Any], metadata: dict[str, Any] | None = None
+                       ) -> Path:
+    """Writes a policy file from flat trainable arrays ('a/b/c' -> array, as a run checkpoint's `params` holds
+    them), overwriting `path`; returns the path. One process (an export, not a run)."""
+    if not arrays:
+        raise ValueError(f"save_policy_arrays {path}: no arrays to write")
+    path = Path(path).absolute()
+    path.mkdir(parents=True, exist_ok=True)
+    arrays = {k: np.asarray(v) for k, v in arrays.items()}
+    return _write(path, arrays, index_of(arrays), metadata)
+
+
+def _write(path: Path, arrays: dict[str, Any], index: Index, metadata: dict[str, Any] | None) -> Path:
+    """The policy file's two parts: the arrays (Orbax, every process) and the metadata (the first process)."""
     with ocp.StandardCheckpointer() as ckptr:  # every process of a run calls this
         ckptr.save(path / STATE_DIR, arrays, force=True)
         ckptr.wait_until_finished()
     if parallel.is_primary():
-        meta = {"format_version": FORMAT_VERSION, "params": param_index(policies), **(metadata or {})}
+        meta = {"format_version": FORMAT_VERSION, "params": index, **(metadata or {})}
         write_text_atomic(path / META_FILE, json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n")
     parallel.barrier(f"save_warmup {path}")
     return path
