@@ -122,8 +122,9 @@ def test_client_errors_are_not_retried(fake_gemini, gemini_env):
 
 
 def test_slow_answer_past_timeout_is_retried(fake_gemini, gemini_env):
-    fake_gemini.push(fake_gemini.slow(1.0), fake_gemini.ok("quick"))
-    with _backend(fake_gemini, timeout_s=0.25) as be:
+    # the healthy answer has a whole second on a loaded host (0.1 s was once too little in CI); the stall outlasts it
+    fake_gemini.push(fake_gemini.slow(3.0), fake_gemini.ok("quick"))
+    with _backend(fake_gemini, timeout_s=1.0) as be:
         (resp,) = be.generate([LLMRequest(prompt="x")])
     assert resp.text == "quick" and resp.attempts == 2 and fake_gemini.hits == 2
 
@@ -191,9 +192,9 @@ def test_key_never_in_logs_errors_or_repr(fake_gemini, gemini_env, caplog):
     key = gemini_env
     caplog.set_level(logging.DEBUG)  # every logger, including google_genai and httpx2
     fake_gemini.push(
-        fake_gemini.status(429), fake_gemini.status(500), fake_gemini.bad_body(), fake_gemini.slow(0.6), fake_gemini.ok("ok")
+        fake_gemini.status(429), fake_gemini.status(500), fake_gemini.bad_body(), fake_gemini.slow(3.0), fake_gemini.ok("ok")
     )
-    be = _backend(fake_gemini, timeout_s=0.2, max_attempts=5)
+    be = _backend(fake_gemini, timeout_s=1.0, max_attempts=5)  # 5 attempts exactly: no healthy answer may time out
     seen: list[str] = [repr(be), str(be), repr(be.config)]
     be.generate([LLMRequest(prompt="x")])
     fake_gemini.push(fake_gemini.status(400, f"API key not valid: {key}"))  # a server echoing the key
