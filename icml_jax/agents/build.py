@@ -13,8 +13,8 @@ from jax.sharding import Mesh
 from ml_collections.config_dict import placeholder
 
 from icml_jax import parallel
-from icml_jax.configlib import known_fields
 from icml_jax.agents.policy import HEADS, POOLINGS, MemoryPolicies
+from icml_jax.configlib import known_fields
 from icml_jax.models.backbone import MODEL_DTYPES
 from icml_jax.models.decoder import Decoder, remat_policy
 from icml_jax.models.loading import from_pretrained

@@ -39,8 +39,8 @@ __all__ = [
     "memory_state",
     "param_index",
     "read_warmup_metadata",
-    "save_policy_arrays",
     "restore_arrays",
+    "save_policy_arrays",
     "save_warmup",
     "state_index",
 ]

@@ -19,7 +19,8 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from icml_jax import parallel
-from icml_jax.checkpoint.arrays import TRAINABLE, Index, check_compatible, flat_variables, index_of, key_of, state_index
+from icml_jax.checkpoint.arrays import (TRAINABLE, Index, check_compatible, flat_variables, index_of, key_of,
+                                       state_index)
 from icml_jax.checkpoint.files import write_text_atomic
 
 META_FILE = "warmup.json"
@@ -39,8 +40,6 @@ def param_index(policies: nnx.Module) -> Index:
 
 def save_warmup(path: str | os.PathLike[str], policies: nnx.Module, metadata: dict[str, Any] | None = None) -> Path:
     """Saves the trainable state of `policies` to `path` (overwriting it) with JSON metadata; returns the path."""
-    path = Path(path).absolute()
-    path.mkdir(parents=True, exist_ok=True)
     arrays = {k: v.get_raw_value() for k, v in flat_trainable(policies).items()}
     if not arrays:
         raise ValueError("save_warmup: the policies have no trainable parameters (no LoRA adapters and no heads?)")
@@ -56,21 +55,23 @@ def save_policy_arrays(path: str | os.PathLike[str], arrays: dict[str, Any], met
     them), overwriting `path`; returns the path. One process (an export, not a run)."""
     if not arrays:
         raise ValueError(f"save_policy_arrays {path}: no arrays to write")
-    path = Path(path).absolute()
-    path.mkdir(parents=True, exist_ok=True)
     arrays = {k: np.asarray(v) for k, v in arrays.items()}
     return _write(path, arrays, index_of(arrays), metadata)
 
 
-def _write(path: Path, arrays: dict[str, Any], index: Index, metadata: dict[str, Any] | None) -> Path:
-    """The policy file's two parts: the arrays (Orbax, every process) and the metadata (the first process)."""
+def _write(path: str | os.PathLike[str], arrays: dict[str, Any], index: Index, metadata: dict[str, Any] | None
+           ) -> Path:
+    """The policy file's two parts at `path` (made if absent): the arrays (Orbax, every process) and the metadata
+    (the first process)."""
+    path = Path(path).absolute()
+    path.mkdir(parents=True, exist_ok=True)
     with ocp.StandardCheckpointer() as ckptr:  # every process of a run calls this
         ckptr.save(path / STATE_DIR, arrays, force=True)
         ckptr.wait_until_finished()
     if parallel.is_primary():
         meta = {"format_version": FORMAT_VERSION, "params": index, **(metadata or {})}
         write_text_atomic(path / META_FILE, json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n")
-    parallel.barrier(f"save_warmup {path}")
+    parallel.barrier(f"policy file {path}")
     return path
 
 
