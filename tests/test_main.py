@@ -97,6 +97,31 @@ def test_demo_runs_end_to_end(tmp_path, monkeypatch):
     assert job.run(config, tmp_path, out=again) == json_safe(summary)  # as progress.json keeps it
     assert read_metrics(tmp_path) == rows and "per session" in again.getvalue()
 
+    # more episodes extend the finished run from its newest checkpoint: its first 4 episode rows stay as they were
+    config.data.train_episodes = 6
+    longer = io.StringIO()
+    extended = job.run(config, tmp_path, out=longer)
+    assert f"extending {tmp_path}: its online stage played 4 episodes, config.data.train_episodes asks for 6" \
+        in longer.getvalue() and "(online checkpoint step 4)" in longer.getvalue(), longer.getvalue()
+    rows = read_metrics(tmp_path)
+    assert [r for r in rows if r["stage"] == "online" and "episode" in r][:4] == online
+    assert [r["episode"] for r in rows if r["stage"] == "online" and "episode" in r] == [1, 2, 3, 4, 5, 6]
+    assert [r["episodes_seen"] for r in rows if r["stage"] == "eval"] == [0, 6]
+    assert [r["stage"] for r in rows].count("summary") == 1 and len([r for r in rows if r.get("final")]) == 2
+    assert extended["online"]["episodes"] == extended["online"]["updates"] == 6
+    assert extended["warmup"] == json_safe(summary["warmup"])
+    assert "6" in {p.name for p in (tmp_path / layout.CHECKPOINT_DIR).iterdir()}
+    progress = json.loads((tmp_path / layout.PROGRESS_FILE).read_text())
+    assert progress["finished"] and progress["done"]["online"]["episodes"] == 6
+    assert progress["metrics_bytes"] == (tmp_path / METRICS_FILE).stat().st_size
+    # ... and is never shortened: refused before anything in the workdir changes
+    config_json = (tmp_path / layout.CONFIG_FILE).read_text()
+    config.data.train_episodes = 5
+    with pytest.raises(job.ConfigError, match=r"asks for 5 online episodes, but this workdir's finished run "
+                                              r"played 6; a finished run is extended, never shortened"):
+        job.run(config, tmp_path)
+    assert (tmp_path / layout.CONFIG_FILE).read_text() == config_json and read_metrics(tmp_path) == rows
+
     # issue 18: forgetting a user of this real run leaves none of their memories in any file of the workdir
     from icml_jax import erasure
     from icml_jax.checkpoint import RunCheckpointer

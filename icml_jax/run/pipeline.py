@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+import jax
 import ml_collections
 from tqdm.auto import tqdm
 
@@ -24,7 +25,8 @@ from icml_jax.run.stages.run import NoMetrics, Run, is_primary
 from icml_jax.run.stages.synthesize import stage_synthesize
 from icml_jax.run.stages.warmup import stage_warmup
 from icml_jax.run.validation import validate
-from icml_jax.run.workdir import CHECKPOINT_DIR, CONFIG_FILE, PLOT_FILE, config_text, read_progress, resume_point
+from icml_jax.run.workdir import (CHECKPOINT_DIR, CONFIG_FILE, PLOT_FILE, PROGRESS_FILE, config_text, read_progress,
+                                  reopen_extended, resume_point, write_json_atomic)
 
 STAGE_FNS: dict[str, Callable[[Run], dict[str, Any]]] = {  # looked up when a stage runs (tests replace stages)
     "synthesize": stage_synthesize,
@@ -42,9 +44,16 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
     root = Path(workdir).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     primary = is_primary()
+    progress = read_progress(root)
+    episodes = spec.data.train_episodes * jax.process_count()
+    played = reopen_extended(progress, stages, episodes)  # before config.json: a refused shortening changes nothing
     if primary:
         write_text_atomic(root / CONFIG_FILE, config_text(config))
-    progress = read_progress(root)
+    if played is not None:
+        print(f"extending {root}: its online stage played {played} episodes, config.data.train_episodes asks for "
+              f"{episodes}", file=out)
+        if primary:  # a restart goes on extending, from the newest checkpoint
+            write_json_atomic(root / PROGRESS_FILE, progress)
     if "online" in stages and any(s not in progress["done"] for s in stages[:stages.index("online")]):
         shutil.rmtree(root / CHECKPOINT_DIR, ignore_errors=True)  # taken after a stage that runs again: stale
     point = resume_point(root, progress, stages)

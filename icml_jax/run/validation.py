@@ -28,6 +28,7 @@ from icml_jax.run.workdir import CONFIG_FILE, SYNTHESIS_DIR, config_text
 
 # where this process joins its run (coordinator, process id): not part of which run a workdir holds
 PER_START_KEYS = ("parallel.distributed.", "limits.")  # limits: the chat's and the API's, not the run's
+EXTENDABLE_KEYS = ("data.train_episodes",)  # may grow between starts: the run goes on (workdir.reopen_extended)
 
 
 def parse_stages(config: ml_collections.ConfigDict) -> tuple[str, ...]:
@@ -200,11 +201,12 @@ def check_checkpoint(config: ml_collections.ConfigDict) -> None:
 def check_same_run(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str]) -> None:
     """A workdir resumes only the run it holds: another config there would mix two runs' state. How the processes
     find each other (`parallel.distributed`: each has its own id, a restart may get a new coordinator) is not
-    compared; the number of processes is checked against the checkpoint on restore."""
+    compared; the number of processes is checked against the checkpoint on restore. `data.train_episodes` may
+    change: a finished online stage given more episodes goes on from its newest checkpoint."""
     path = Path(workdir).expanduser() / CONFIG_FILE
     if path.is_file() and path.read_text(encoding="utf-8") != config_text(config):
         old, new = (json.loads(text) for text in (path.read_text(encoding="utf-8"), config_text(config)))
-        diff = config_differences(old, new, ignore=PER_START_KEYS)
+        diff = config_differences(old, new, ignore=PER_START_KEYS + EXTENDABLE_KEYS)
         if not diff:
             return
         raise ConfigError(f"{workdir} holds a run with another config (differs at {diff[:6]}); resume it with "

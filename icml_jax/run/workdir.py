@@ -13,6 +13,7 @@ import ml_collections
 
 from icml_jax.checkpoint import RunCheckpointer
 from icml_jax.checkpoint.files import write_text_atomic
+from icml_jax.configlib import ConfigError
 from icml_jax.run.runlog import json_safe
 
 CONFIG_FILE = "config.json"  # the run's config, as `config_text` writes it
@@ -40,6 +41,26 @@ def read_progress(workdir: Path) -> dict[str, Any]:
     if not path.is_file():
         return {"done": {}, "metrics_bytes": 0, "finished": False}
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def reopen_extended(progress: dict[str, Any], stages: Sequence[str], episodes: int) -> int | None:
+    """Reopens a finished online stage that played fewer than `episodes` (the config's total over all processes):
+    the run is extended, continuing from its newest checkpoint. Returns the episodes played when reopened, else
+    None; `progress` is changed in place
+    (the caller writes it). A finished stage that played more is refused: a run is not shortened after the fact."""
+    done = progress["done"].get("online")
+    if "online" not in stages or done is None:
+        return None
+    played = int(done["episodes"])
+    if played > episodes:
+        raise ConfigError(f"config.data.train_episodes asks for {episodes} online episodes, but this workdir's "
+                          f"finished run played {played}; a finished run is extended, never shortened: use a new "
+                          f"--workdir")
+    if played == episodes:
+        return None
+    del progress["done"]["online"]
+    progress["finished"] = False
+    return played
 
 
 @dataclasses.dataclass
