@@ -28,14 +28,18 @@ from icml_jax.llm.types import (
 )
 
 DEFAULT_JUDGE_MODE = JUDGE_MODE_SCORES  # local judges read score-token probabilities: a verdict every time
+# rows x padded length squared per forward pass (its attention scores per head): 16 rows up to 1,024 tokens, 4 of
+# 2,048, 1 of 4,096; SmolLM2's 16 x 4,096-token LoCoMo prompts asked XLA for 29.7 GB in one prefill
+DEFAULT_BATCH_CELLS = 16 * 1024 * 1024
 
 
 class LocalBackend:
     """Answers requests with `icml_jax.models.generate`; prompts go through the tokenizer's chat template.
 
     Requests are batched by (max_output_tokens, temperature), in chunks of at most `max_batch` rows padded to a
-    power of two, so memory stays bounded (a thousand condensation requests do not become one batch-1000 KV
-    cache) and a run compiles one program per (batch, length) bucket. JSON-schema requests get the schema
+    power of two and at most `max_batch_cells` attention scores per head (rows x padded length squared: long
+    prompts run in fewer rows instead of out of memory), so memory stays bounded (a thousand condensation requests
+    do not become one batch-1000 KV cache) and a run compiles one program per (batch, length) bucket. JSON-schema requests get the schema
     appended to the prompt and their answer parsed leniently. A sampled answer (temperature > 0) is seeded by the
     back end's seed and the request, so it is the same in any batch, order or run.
 
@@ -47,13 +51,14 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, model, tokenizer, *, seed: int = 0, top_p: float = 1.0, top_k: int = 0,
-                 max_batch: int = 16, max_output_tokens: int | None = None,
-                 judge_mode: str = DEFAULT_JUDGE_MODE) -> None:
+                 max_batch: int = 16, max_batch_cells: int = DEFAULT_BATCH_CELLS,
+                 max_output_tokens: int | None = None, judge_mode: str = DEFAULT_JUDGE_MODE) -> None:
         if judge_mode not in JUDGE_MODES:
             raise ValueError(f"local back end: judge_mode must be one of {list(JUDGE_MODES)}, got {judge_mode!r}")
         self.judge_mode = judge_mode
-        if max_batch < 1:
-            raise ValueError(f"local back end: max_batch must be >= 1, got {max_batch}")
+        if max_batch < 1 or max_batch_cells < 1:
+            raise ValueError(f"local back end: max_batch and max_batch_cells must be >= 1, got {max_batch}, "
+                             f"{max_batch_cells}")
         if max_output_tokens is not None and max_output_tokens < 1:
             raise ValueError(f"local back end: max_output_tokens must be >= 1, got {max_output_tokens}")
         # a cap on every request's budget: prompts sized for Gemini (e.g. the judges' 1024 tokens, room for
@@ -61,7 +66,7 @@ class LocalBackend:
         self._cap = max_output_tokens
         self.model, self.tokenizer = model, tokenizer
         self._seed, self._top_p, self._top_k = seed, top_p, top_k
-        self._max_batch = max_batch
+        self._max_batch, self._max_cells = max_batch, max_batch_cells
         self._meter = UsageMeter()
         self._levels: ScoreTokens | None = None
 
@@ -88,10 +93,11 @@ class LocalBackend:
             budget = r.max_output_tokens if self._cap is None else min(r.max_output_tokens, self._cap)
             groups.setdefault((budget, r.temperature), []).append(i)
         templated = bool(getattr(self.tokenizer, "chat_template", None))
-        chunks = [(key, idx[i:i + self._max_batch]) for key, idx in groups.items()
-                  for i in range(0, len(idx), self._max_batch)]
+        rendered = [self._render(r) for r in requests]
+        lengths = [len(self.tokenizer(p, add_special_tokens=not templated)["input_ids"]) for p in rendered]
+        chunks = [(key, chunk) for key, idx in groups.items() for chunk in self._chunks(idx, lengths)]
         for (max_tokens, temperature), idx in chunks:
-            prompts = [self._render(requests[i]) for i in idx]
+            prompts = [rendered[i] for i in idx]
             extra = _pow2(len(prompts)) - len(prompts)  # rows repeating the last prompt, their answers dropped
             padded = prompts + [prompts[-1]] * extra
             seeds = [self._sample_seed(p, max_tokens, temperature) for p in prompts]
@@ -101,8 +107,8 @@ class LocalBackend:
                              temperature=temperature, top_k=self._top_k, top_p=self._top_p,
                              seed=seeds, add_special_tokens=not templated)[: len(prompts)]
             latency = (time.perf_counter() - start) / len(idx)
-            for i, prompt, text in zip(idx, prompts, texts):
-                n_in = len(self.tokenizer(prompt, add_special_tokens=not templated)["input_ids"])
+            for i, text in zip(idx, texts):
+                n_in = lengths[i]
                 n_out = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
                 self._meter.add(prompt_tokens=n_in, output_tokens=n_out, calls=1, attempts=1)
                 out[i] = LLMResponse.answering(requests[i], text, prompt_tokens=n_in, output_tokens=n_out,
@@ -179,15 +185,14 @@ class LocalBackend:
         from flax import nnx
 
         # local: icml_jax.models (flax, transformers) stays off `import icml_jax.llm`
-        from icml_jax.models.sampler import bucket, pad_left
+        from icml_jax.models.sampler import length_bucket, pad_left
 
         graphdef, state = nnx.split(self.model)
         order = sorted(range(len(tokens)), key=lambda j: len(tokens[j]))
-        for lo in range(0, len(order), self._max_batch):
-            chunk = order[lo:lo + self._max_batch]
+        for chunk in self._chunks(order, [len(t) for t in tokens]):
             chunk = chunk + [chunk[-1]] * (_pow2(len(chunk)) - len(chunk))  # extra rows are dropped
-            ids, valid = pad_left([tokens[j] for j in chunk], bucket(max(len(tokens[j]) for j in chunk)),
-                                      self._pad_id())
+            ids, valid = pad_left([tokens[j] for j in chunk], length_bucket(max(len(tokens[j]) for j in chunk)),
+                                  self._pad_id())
             p, m = _score_program()(graphdef, state, ids, valid, levels.ids, levels.mask)
             rows = [where[j] for j in chunk]
             probs[rows], mass[rows] = np.asarray(p, np.float64), np.asarray(m, np.float64)
@@ -239,7 +244,7 @@ class LocalBackend:
         from flax import nnx
 
         # local: icml_jax.models (flax, transformers) stays off `import icml_jax.llm`
-        from icml_jax.models.sampler import bucket, pad_left
+        from icml_jax.models.sampler import bucket, length_bucket, pad_left
 
         if not requests:
             return []
@@ -253,12 +258,11 @@ class LocalBackend:
         sums = np.zeros(len(requests), np.float64)
         graphdef, state = nnx.split(self.model)
         order = sorted((i for i in range(len(requests)) if conts[i]), key=lambda i: len(prompts[i]) + len(conts[i]))
-        for lo in range(0, len(order), self._max_batch):
-            chunk = order[lo:lo + self._max_batch]
+        for chunk in self._chunks(order, [len(p) + len(c) for p, c in zip(prompts, conts)]):
             chunk = chunk + [chunk[-1]] * (_pow2(len(chunk)) - len(chunk))  # extra rows repeat the last
             rows = [prompts[i] + conts[i] for i in chunk]
             span = bucket(max(len(conts[i]) for i in chunk), minimum=8)
-            ids, valid = pad_left(rows, bucket(max(span + 1, max(len(r) for r in rows))), self._pad_id())
+            ids, valid = pad_left(rows, length_bucket(max(span + 1, max(len(r) for r in rows))), self._pad_id())
             logp = np.asarray(_loglik_program()(graphdef, state, ids, valid, span=span), np.float64)
             for b, i in enumerate(chunk):
                 sums[i] = logp[b, span - len(conts[i]):].sum()
@@ -270,6 +274,22 @@ class LocalBackend:
                         attempts=len(requests))
         return [LoglikResponse(logprob=float(sums[i]), tokens=len(conts[i]), prompt_tokens=len(prompts[i]))
                 for i in range(len(requests))]
+
+    def _chunks(self, order: Sequence[int], lengths: Sequence[int]) -> list[list[int]]:
+        """`order` cut into consecutive chunks of at most `max_batch` rows whose padded size, rows (to a power of
+        two) x length bucket squared, stays within `max_batch_cells` (a row alone always runs)."""
+        # local: icml_jax.models (flax, transformers) stays off `import icml_jax.llm`
+        from icml_jax.models.sampler import length_bucket
+
+        chunks: list[list[int]] = []
+        for i in order:
+            trial = (chunks[-1] if chunks else []) + [i]
+            size = length_bucket(max(lengths[j] for j in trial))
+            if len(trial) > 1 and len(trial) <= self._max_batch and _pow2(len(trial)) * size * size <= self._max_cells:
+                chunks[-1] = trial
+            else:
+                chunks.append([i])
+        return chunks
 
     def _pad_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -398,8 +418,8 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-LOCAL_OPTIONS = ("model_dir", "tokenizer_dir", "dtype", "seed", "top_p", "top_k", "max_batch", "max_output_tokens",
-                 "judge_mode")
+LOCAL_OPTIONS = ("model_dir", "tokenizer_dir", "dtype", "seed", "top_p", "top_k", "max_batch", "max_batch_cells",
+                 "max_output_tokens", "judge_mode")
 
 
 def _check_local(values: Mapping[str, Any]) -> None:
@@ -420,8 +440,9 @@ def _check_local(values: Mapping[str, Any]) -> None:
 
 def _local(values: Mapping[str, Any]) -> LocalBackend:
     """`{'kind': 'local', 'model_dir': ..., 'tokenizer_dir': ... (default model_dir), 'dtype': 'bfloat16',
-    'max_batch': 16, 'max_output_tokens': None (a cap on every request's token budget), 'judge_mode': 'scores'
-    (judges read score-token probabilities; 'json': they parse generated JSON)}`."""
+    'max_batch': 16, 'max_batch_cells': 16 x 1024 x 1024 (rows x padded length squared per forward pass),
+    'max_output_tokens': None (a cap on every request's token budget), 'judge_mode': 'scores' (judges read
+    score-token probabilities; 'json': they parse generated JSON)}`."""
     import jax.numpy as jnp
 
     # local: icml_jax.models (flax, transformers) stays off `import icml_jax.llm`
@@ -432,6 +453,7 @@ def _local(values: Mapping[str, Any]) -> LocalBackend:
     tokenizer = load_tokenizer(values.get("tokenizer_dir") or values["model_dir"])
     return LocalBackend(model, tokenizer, seed=int(values.get("seed", 0)), top_p=float(values.get("top_p", 1.0)),
                         top_k=int(values.get("top_k", 0)), max_batch=int(values.get("max_batch", 16)),
+                        max_batch_cells=int(values.get("max_batch_cells", DEFAULT_BATCH_CELLS)),
                         max_output_tokens=(None if values.get("max_output_tokens") is None
                                            else int(values["max_output_tokens"])),
                         judge_mode=values.get("judge_mode") or DEFAULT_JUDGE_MODE)

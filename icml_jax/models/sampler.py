@@ -129,6 +129,18 @@ def bucket(n: int, minimum: int = 16) -> int:
     return size
 
 
+FINE_LENGTHS_ABOVE, FINE_LENGTH_STEP = 1024, 512  # length buckets: powers of two up to 1,024, then steps of 512
+
+
+def length_bucket(n: int, minimum: int = 16) -> int:
+    """The padded length of a token sequence: `bucket` up to 1,024, then the next multiple of 512 (a 2,100-token
+    prompt runs at 2,560, not 4,096, whose prefill costs 2.5 times as much; a few more programs compile)."""
+    size = bucket(n, minimum)
+    if size > FINE_LENGTHS_ABOVE:
+        size = min(size, max(FINE_LENGTHS_ABOVE, -(-n // FINE_LENGTH_STEP) * FINE_LENGTH_STEP))
+    return size
+
+
 def _row_keys(seed: int | Sequence[int], rows: int) -> Array:
     """Each row's random key [rows]: from one int seed and the row's index, or from the row's own seed."""
     if isinstance(seed, int | np.integer):
@@ -161,7 +173,7 @@ def generate_tokens(
     min_prompt_bucket: int = 16,
     unroll_layers: bool | None = None,
 ) -> GenerationResult:
-    """Continues each token-id prompt; prompts are left-padded to a common bucketed length.
+    """Continues each token-id prompt; prompts are left-padded to a common bucketed length (`length_bucket`).
 
     `seed`: an int gives row i the key `fold_in(key(seed), i)`; a sequence gives each row its own seed (uint32),
     so that a row's sample is the same in any batch.
@@ -171,7 +183,7 @@ def generate_tokens(
         raise ValueError("generate_tokens needs at least one prompt and no empty prompt")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    length = bucket(max(len(p) for p in prompts), min_prompt_bucket)
+    length = length_bucket(max(len(p) for p in prompts), min_prompt_bucket)
     tokens, mask = pad_left(prompts, length, pad_id)
     new_bucket = bucket(max_new_tokens, 16)
     graphdef, state = nnx.split(model)

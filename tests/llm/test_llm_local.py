@@ -58,8 +58,33 @@ def test_large_request_lists_run_in_bounded_power_of_two_batches(model_dir, monk
     four = make_backend({"kind": "local", "model_dir": str(model_dir), "dtype": "float32", "max_batch": 4})
     assert [a.text for a in four.generate([LLMRequest(t, max_output_tokens=4) for t in texts[:3]])] == \
         [a.text for a in answers[:3]] and batches == [4]
-    with pytest.raises(ValueError, match="max_batch must be >= 1"):
+    with pytest.raises(ValueError, match="max_batch and max_batch_cells must be >= 1"):
         make_backend({"kind": "local", "model_dir": str(model_dir), "max_batch": 0})
+
+
+def test_long_prompts_run_in_fewer_rows_within_the_cell_budget(model_dir, monkeypatch):
+    """max_batch_cells bounds rows x padded length squared per call: 4 short prompts run 2 by 2 where their bucket
+    allows 2, a long one alone (a row always runs); the answers are those of unbounded batches; a budget below 1 is
+    refused."""
+    from icml_jax.models import sampler
+
+    block = {"kind": "local", "model_dir": str(model_dir), "dtype": "float32", "max_batch": 4}
+    texts = ["hello how are you", "i like my dog", "what do you eat", "my dog is big", "my dog is big " * 30]
+    requests = [LLMRequest(t, max_output_tokens=4) for t in texts]
+    unbounded = make_backend(block)
+    lengths = [len(unbounded.tokenizer(unbounded._render(r), add_special_tokens=False)["input_ids"]) for r in requests]
+    short = sampler.length_bucket(max(lengths[:4]))
+    assert sampler.length_bucket(lengths[4]) > short  # the long prompt is in a larger bucket
+    batches, real = [], sampler.generate
+    monkeypatch.setattr(sampler, "generate", lambda m, t, prompts, **kw: batches.append(len(prompts))
+                        or real(m, t, prompts, **kw))
+    expected = [a.text for a in unbounded.generate(requests)]
+    assert batches == [4, 1]
+    batches.clear()
+    bounded = make_backend({**block, "max_batch_cells": 2 * short * short})
+    assert [a.text for a in bounded.generate(requests)] == expected and batches == [2, 2, 1]
+    with pytest.raises(ValueError, match="max_batch_cells must be >= 1"):
+        make_backend({**block, "max_batch_cells": 0})
 
 
 def test_a_sampled_answer_depends_on_its_request_alone(model_dir):

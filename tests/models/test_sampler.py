@@ -109,6 +109,15 @@ def test_a_sampled_row_depends_on_its_prompt_and_seed_only(model):
             S.generate_tokens(model, [p, p], max_new_tokens=2, sampling=hot, seed=bad)
 
 
+def test_length_buckets_are_powers_of_two_then_steps_of_512():
+    """Up to 1,024 a length pads to the next power of two, above it to the next multiple of 512; never past the
+    power-of-two bucket."""
+    got = {n: S.length_bucket(n) for n in (1, 16, 17, 1000, 1024, 1025, 1536, 1537, 2100, 4096, 5000)}
+    assert got == {1: 16, 16: 16, 17: 32, 1000: 1024, 1024: 1024, 1025: 1536, 1536: 1536, 1537: 2048, 2100: 2560,
+                   4096: 4096, 5000: 5120}
+    assert all(n <= S.length_bucket(n) <= S.bucket(n) for n in range(1, 9000, 37))
+
+
 def test_same_buckets_compile_once(model):
     S.generate_tokens(model, [[1, 2, 3]], max_new_tokens=5)
     before = (S._prefill._cache_size(), S._decode._cache_size())
