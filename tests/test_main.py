@@ -463,8 +463,9 @@ def test_gapchat_real_model_config_runs_local_models_only(tmp_path):
     assert (config.eval.bertscore_model, config.eval.bertscore_layer, config.eval.mauve_model) == (minilm, 6, smollm2)
     assert config.baselines.encoder_model == minilm
     assert config.eval.reply_temperature == 0.0 and config.eval.memory_gain  # greedy replies, memory gain scored
-    # the setting measured on 3 seeds: an update after each of the 4 episodes, the saved turns' text as notes, and
+    # the setting measured on 3 seeds: an update after each of the 8 episodes, the saved turns' text as notes, and
     # every update's checkpoint kept for the held-out curve
+    assert config.data.train_episodes == 8
     assert (config.learner.notes, config.learner.update_every, config.learner.users_in_flight) == ("turn", 1, 1)
     assert (config.checkpoint.every_episodes, config.checkpoint.keep) == (1, config.data.train_episodes)
     if is_converted(smollm2, "smollm2-135m-instruct") and (SHARED_DATA / "gapchat").is_dir():
