@@ -39,9 +39,10 @@ class LocalBackend:
     Requests are batched by (max_output_tokens, temperature), in chunks of at most `max_batch` rows padded to a
     power of two and at most `max_batch_cells` attention scores per head (rows x padded length squared: long
     prompts run in fewer rows instead of out of memory), so memory stays bounded (a thousand condensation requests
-    do not become one batch-1000 KV cache) and a run compiles one program per (batch, length) bucket. JSON-schema requests get the schema
-    appended to the prompt and their answer parsed leniently. A sampled answer (temperature > 0) is seeded by the
-    back end's seed and the request, so it is the same in any batch, order or run.
+    do not become one batch-1000 KV cache) and a run compiles one program per (batch, length) bucket.
+    JSON-schema requests get the schema appended to the prompt and their answer parsed leniently. A sampled answer
+    (temperature > 0) is seeded by the back end's seed and the request, so it is the same in any batch, order or
+    run.
 
     `judge_mode` "scores" (the default) makes the proxy and quality judges call `score` instead of parsing JSON:
     one forward pass per (prompt, cue) reads the next-token distribution over "1".."5", so a small model that
@@ -285,7 +286,8 @@ class LocalBackend:
         for i in order:
             trial = (chunks[-1] if chunks else []) + [i]
             size = length_bucket(max(lengths[j] for j in trial))
-            if len(trial) > 1 and len(trial) <= self._max_batch and _pow2(len(trial)) * size * size <= self._max_cells:
+            fits = len(trial) <= self._max_batch and _pow2(len(trial)) * size * size <= self._max_cells
+            if len(trial) > 1 and fits:
                 chunks[-1] = trial
             else:
                 chunks.append([i])
