@@ -81,8 +81,7 @@ def report(runs: Sequence[str | Path], *, samples: int = 20_000) -> str:
         curves.append(r_trig)
         cells = [" ".join(_fmt(r.get(key)) for r in rows) for key in KEYS.values()]
         p = rise_p_value(r_trig, samples=samples) if len(r_trig) >= 3 else None
-        lines.append(f"| {run} | {len(rows)} | " + " | ".join(cells)
-                     + f" | {slope(r_trig):+.4f} ({_fmt(p) if p is not None else '-'}) |")
+        lines.append(f"| {run} | {len(rows)} | " + " | ".join(cells) + f" | {slope(r_trig):+.4f} ({_fmt(p)}) |")
     if len(curves) > 1:
         mean = sum(slope(c) for c in curves) / len(curves)
         lines.append(f"\npooled over {len(curves)} runs: mean slope {mean:+.4f} per episode, one-sided p "

@@ -137,7 +137,7 @@ def length_bucket(n: int, minimum: int = 16) -> int:
     prompt runs at 2,560, not 4,096, whose prefill costs 2.5 times as much; a few more programs compile)."""
     size = bucket(n, minimum)
     if size > FINE_LENGTHS_ABOVE:
-        size = min(size, max(FINE_LENGTHS_ABOVE, -(-n // FINE_LENGTH_STEP) * FINE_LENGTH_STEP))
+        size = min(size, max(minimum, -(-n // FINE_LENGTH_STEP) * FINE_LENGTH_STEP))
     return size
 
 

@@ -46,8 +46,8 @@ def read_progress(workdir: Path) -> dict[str, Any]:
 def reopen_extended(progress: dict[str, Any], stages: Sequence[str], episodes: int) -> int | None:
     """Reopens a finished online stage that played fewer than `episodes` (the config's total over all processes):
     the run is extended, continuing from its newest checkpoint. Returns the episodes played when reopened, else
-    None; `progress` is changed in place
-    (the caller writes it). A finished stage that played more is refused: a run is not shortened after the fact."""
+    None; `progress` is changed in place (the caller writes it). A finished stage that played more is refused: a
+    run is not shortened after the fact."""
     done = progress["done"].get("online")
     if "online" not in stages or done is None:
         return None

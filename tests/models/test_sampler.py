@@ -116,6 +116,7 @@ def test_length_buckets_are_powers_of_two_then_steps_of_512():
     assert got == {1: 16, 16: 16, 17: 32, 1000: 1024, 1024: 1024, 1025: 1536, 1536: 1536, 1537: 2048, 2100: 2560,
                    4096: 4096, 5000: 5120}
     assert all(n <= S.length_bucket(n) <= S.bucket(n) for n in range(1, 9000, 37))
+    assert S.length_bucket(100, minimum=2048) == 2048  # the minimum holds above 1,024 too
 
 
 def test_same_buckets_compile_once(model):
