@@ -18,7 +18,7 @@ import sys
 PROCESS_ID, COUNT, PORT, DEVICES, WORKDIR, INIT_FROM = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
                                                         int(sys.argv[4]), sys.argv[5], sys.argv[6])
 os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}"
 
 from pathlib import Path  # noqa: E402
 

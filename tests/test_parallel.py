@@ -161,7 +161,7 @@ def eight_devices(tmp_path_factory):
     F.randomize_(model, 0)
     model.save_pretrained(directory)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+           "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"}
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "sharding_worker.py"), str(directory)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
