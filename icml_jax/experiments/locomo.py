@@ -42,6 +42,9 @@ from icml_jax.run.runspec import RunSpec
 
 RESULTS = "results.json"
 ORACLE = "evidence_oracle"
+# how long ours trains and how its checkpoints are kept: a baseline's rows do not depend on them, so a finished run
+# extended (data.train_episodes) reads its baselines back and plays only ours again
+OURS_TRAINING_KEYS = ("checkpoint.", "data.train_episodes")
 OURS_ONLINE = "ours_online"  # ours, learning online (its own rewards) on each conversation's sessions as it reads them
 DENSE_K = "dense@"
 FORMATS = ("locomo", "longmemeval")  # LocomoSettings.format: how `file` is read
@@ -190,10 +193,11 @@ def _comparable(setting: Mapping[str, Any]) -> dict[str, Any]:
 def _same_setting(stored: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
     """Whether a system's stored results were written for `current`: the LoCoMo settings, system and policy
     equal, the configs without differences (`config_differences`: keys added since read as their old value; the
-    experiments block, whose LoCoMo part is the settings, not compared)."""
+    experiments block, whose LoCoMo part is the settings, not compared; for a baseline, how long ours trains)."""
     old, new = _comparable(stored), _comparable(current)
     configs = old.pop("config", None) or {}, new.pop("config", None) or {}
-    return old == new and not config_differences(*configs, ignore=("experiments.",))
+    ignore = ("experiments.",) + (() if new.get("system") in ("ours", OURS_ONLINE) else OURS_TRAINING_KEYS)
+    return old == new and not config_differences(*configs, ignore=ignore)
 
 
 def read_rows(out_dir: Path) -> list[dict[str, Any]]:

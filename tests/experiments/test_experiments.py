@@ -341,6 +341,8 @@ def test_locomo_asks_every_system_every_question_and_tests_them_in_pairs(workdir
     original = stored.read_text(encoding="utf-8")
     old = json.loads(original)  # and experiments.ablations existed
     del old["setting"]["config"]["rl"]["reward"]["likelihood_control"], old["setting"]["config"]["experiments"]
+    old["setting"]["config"]["data"]["train_episodes"] += 4  # how long ours trained: not a baseline's setting
+    old["setting"]["config"]["checkpoint"]["keep"] += 1
     stored.write_text(json.dumps(old), encoding="utf-8")
     again = json.loads(run_experiment("locomo", config, workdir, [0], log=lambda line: None)["json"].read_text(
         encoding="utf-8"))["rows"]
@@ -350,6 +352,15 @@ def test_locomo_asks_every_system_every_question_and_tests_them_in_pairs(workdir
     with pytest.raises(pytest.fail.Exception, match="a rerun plays nothing again"):
         run_experiment("locomo", config, workdir, [0], log=lambda line: None)
     stored.write_text(original, encoding="utf-8")
+    config.experiments.locomo.systems = ("ours",)  # ours' rows do depend on how long it trained: played again
+    ours = workdir / "seed0" / "locomo_ours" / "results.json"
+    original = ours.read_text(encoding="utf-8")
+    old = json.loads(original)
+    old["setting"]["config"]["data"]["train_episodes"] += 4
+    ours.write_text(json.dumps(old), encoding="utf-8")
+    with pytest.raises(pytest.fail.Exception, match="a rerun plays nothing again"):
+        run_experiment("locomo", config, workdir, [0], log=lambda line: None)
+    ours.write_text(original, encoding="utf-8")
 
 
 def test_ours_online_learns_from_locomos_sessions_and_never_sees_a_question_answer_or_evidence(workdir, monkeypatch):
