@@ -10,11 +10,14 @@ Planner, a 32-token reply by the same backbone) and counts the programs compiled
 With `--lora`, only the policies' forward with and without LoRA adapters (rank 8, every projection), interleaved.
 Beside each ratio against `transformers` it prints the same run's raw matmul ratio (XLA against torch, the same
 shape and dtype) and the CPU model: on CPU the model ratio mostly follows the host's matrix libraries.
-Compilation is done (and timed) before measuring; every figure is the median of `--repeats` runs.
+With `--dtype bfloat16`, both models hold and compute in bfloat16 (weights, activations, logits), and the peak and
+the matmul ratios are bfloat16's. Compilation is done (and timed) before measuring; every figure is the median of
+`--repeats` runs.
 
     python scripts/benchmark_backbone.py            # CPU here; uses the GPU when JAX and torch see one
     python scripts/benchmark_backbone.py --model ~/.cache/icml_jax/models/smollm2-135m-instruct --agent-turn
     python scripts/benchmark_backbone.py --model ~/.cache/icml_jax/models/smollm2-135m-instruct --lora
+    python scripts/benchmark_backbone.py --model ~/.cache/icml_jax/models/smollm2-135m-instruct --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -51,27 +54,27 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def load_pair(model_dir: str | None, device: str):
-    """(ours, theirs, description): the same weights in our decoder and in `transformers` (float32)."""
+def load_pair(model_dir: str | None, device: str, dtype: str = "float32"):
+    """(ours, theirs, description): the same weights in our decoder and in `transformers`, both in `dtype`."""
     if model_dir:
-        theirs = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        ours = from_pretrained(model_dir)
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        ours = from_pretrained(model_dir, dtype=getattr(jnp, dtype))
         name = Path(model_dir).name
     else:
         torch.manual_seed(0)
         theirs = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG))
         with tempfile.TemporaryDirectory() as d:
             theirs.save_pretrained(d)
-            ours = from_pretrained(d)
+            ours = from_pretrained(d, dtype=getattr(jnp, dtype))
         name = "Llama-style, random weights"
-    theirs = theirs.float().eval().to(device)
+    theirs = theirs.to(getattr(torch, dtype)).eval().to(device)
     n_params = sum(p.numel() for p in theirs.parameters())
-    return ours, theirs, f"{name}, {n_params / 1e6:.1f}M parameters, float32"
+    return ours, theirs, f"{name}, {n_params / 1e6:.1f}M parameters, {dtype}"
 
 
-def matmul_peak(repeats: int, n: int = 2048) -> float:
-    """FLOP/s of a jitted float32 n x n x n matmul: the compute limit XLA reaches on this machine."""
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+def matmul_peak(repeats: int, n: int = 2048, dtype: str = "float32") -> float:
+    """FLOP/s of a jitted n x n x n matmul in `dtype`: the compute limit XLA reaches on this machine."""
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
     mm = jax.jit(lambda x: x @ x)
     mm(a).block_until_ready()
     return 2 * n**3 / median_time(lambda: mm(a).block_until_ready(), max(repeats, 5))
@@ -253,6 +256,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--agent-turn", action="store_true", help="also time one agent turn (needs --model)")
     parser.add_argument("--lora", action="store_true", help="only the LoRA forward overhead (needs --model)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="the models' weights and compute (and the matmul rates printed beside them)")
     parser.add_argument("--bf16-matmul", action="store_true",
                         help="also the bfloat16 2048^3 matmul rate of XLA and torch (torch may use AMX units)")
     args = parser.parse_args()
@@ -270,7 +275,7 @@ def main() -> None:
           f"torch {torch.__version__} on {device} with {torch.get_num_threads()} threads; "
           f"transformers {transformers.__version__}; CPU {cpu_model()}")
 
-    ours, theirs, description = load_pair(args.model, device)
+    ours, theirs, description = load_pair(args.model, device, args.dtype)
     print(f"model: {description}")
     vocab = ours.config.vocab_size
     rng = np.random.RandomState(0)
@@ -284,7 +289,7 @@ def main() -> None:
     compile_prefill = time.perf_counter() - t0
     with torch.no_grad():
         ref = theirs(ids_t, use_cache=False).logits.float().cpu().numpy()
-    diff = float(np.abs(np.asarray(ours_logits) - ref).max())
+    diff = float(np.abs(np.asarray(ours_logits, np.float32) - ref).max())
     del ours_logits, ref
 
     def run_theirs_prefill():
@@ -295,7 +300,7 @@ def main() -> None:
     t_theirs = median_time(run_theirs_prefill, args.repeats)
     tokens = args.batch * args.prompt
     p_ours, p_theirs = tokens / t_ours, tokens / t_theirs
-    peak = matmul_peak(args.repeats)
+    peak = matmul_peak(args.repeats, dtype=args.dtype)
     flops = prefill_flops(ours, args.batch, args.prompt)
 
     # Cached greedy decode of `new_tokens` tokens after a short prompt (end to end: prefill included).
@@ -328,14 +333,14 @@ def main() -> None:
     n_bytes = sum(w.nbytes for w in weights)
     step_ours, step_theirs = args.batch / d_ours, args.batch / d_theirs
 
-    print(f"max |logit diff| ours vs theirs (prefill, float32): {diff:.2e}; greedy tokens agreeing: {agree:.1%}")
+    print(f"max |logit diff| ours vs theirs (prefill, {args.dtype}): {diff:.2e}; greedy tokens agreeing: {agree:.1%}")
     print(f"compile: prefill {compile_prefill:.1f} s, generate (prefill+decode) {compile_decode:.1f} s")
     # The host's matrix libraries alone, in the same run: XLA's matmul against torch's at the prefill's MLP shape
     # and at the decode step's (a batch of rows), so a model ratio can be read against the library ratio.
     hidden, inter = ours.config.hidden_size, ours.config.intermediate_size
-    mm_prefill = matmul_rates(args.batch * args.prompt, hidden, inter, "float32", args.repeats, device)
-    mm_decode = matmul_rates(args.batch, hidden, inter, "float32", args.repeats, device)
-    mm_square = matmul_rates(2048, 2048, 2048, "float32", args.repeats, device)
+    mm_prefill = matmul_rates(args.batch * args.prompt, hidden, inter, args.dtype, args.repeats, device)
+    mm_decode = matmul_rates(args.batch, hidden, inter, args.dtype, args.repeats, device)
+    mm_square = matmul_rates(2048, 2048, 2048, args.dtype, args.repeats, device)
     print(f"{'':34s}{'ours':>12s}{'transformers':>14s}{'ratio':>8s}{'matmul ratio (same shape)':>28s}")
     print(f"{'prefill tokens/s (b=%d, len=%d)' % (args.batch, args.prompt):34s}"
           f"{p_ours:12.0f}{p_theirs:14.0f}{p_ours / p_theirs:7.2f}x"
@@ -343,14 +348,14 @@ def main() -> None:
     print(f"{'decode tokens/s (b=%d, %d new)' % (args.batch, n):34s}"
           f"{d_ours:12.1f}{d_theirs:14.1f}{d_ours / d_theirs:7.2f}x"
           f"{mm_decode[0] / mm_decode[1]:14.2f}x ({args.batch}x{hidden} @ {hidden}x{inter})")
-    print(f"float32 matmul GFLOP/s, XLA / torch: 2048^3 {mm_square[0] / 1e9:.0f} / {mm_square[1] / 1e9:.0f} "
+    print(f"{args.dtype} matmul GFLOP/s, XLA / torch: 2048^3 {mm_square[0] / 1e9:.0f} / {mm_square[1] / 1e9:.0f} "
           f"({mm_square[0] / mm_square[1]:.2f}x); prefill shape {mm_prefill[0] / 1e9:.0f} / {mm_prefill[1] / 1e9:.0f}; "
           f"decode shape {mm_decode[0] / 1e9:.1f} / {mm_decode[1] / 1e9:.1f}")
     if args.bf16_matmul:
         bf = matmul_rates(2048, 2048, 2048, "bfloat16", args.repeats, device)
         print(f"bfloat16 matmul GFLOP/s (2048^3), XLA / torch: {bf[0] / 1e9:.0f} / {bf[1] / 1e9:.0f} "
               f"({bf[0] / bf[1]:.2f}x)")
-    print(f"prefill: {flops / 1e9:.1f} GFLOP per call; float32 matmul peak here {peak / 1e9:.0f} GFLOP/s "
+    print(f"prefill: {flops / 1e9:.1f} GFLOP per call; {args.dtype} matmul peak here {peak / 1e9:.0f} GFLOP/s "
           f"(2048^3, jitted): ours at {flops / t_ours / peak:.0%} of it, transformers at {flops / t_theirs / peak:.0%}")
     print(f"decode step: ours {step_ours * 1e3:.2f} ms, transformers {step_theirs * 1e3:.2f} ms; reading all "
           f"{n_bytes / 1e6:.0f} MB of weights once (vector x matrix) takes {t_floor * 1e3:.2f} ms "

@@ -6,10 +6,14 @@ from __future__ import annotations
 import math
 from types import ModuleType
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
+import torch
+from flax import nnx
 
 from tests.scripts_loader import load_script
-
 
 
 @pytest.fixture(scope="module")
@@ -32,3 +36,21 @@ def test_matmul_rates_time_both_libraries_on_the_same_shape(script, monkeypatch)
 
 def test_cpu_model_names_the_host(script):
     assert script.cpu_model().strip()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_load_pair_holds_both_models_in_the_asked_dtype(script, monkeypatch, dtype):
+    """`--dtype`: ours and transformers load the same weights in that dtype and give the same logits."""
+    tiny = dict(script.CONFIG, vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    monkeypatch.setattr(script, "CONFIG", tiny)
+    ours, theirs, description = script.load_pair(None, "cpu", dtype)
+    assert description.endswith(dtype)
+    assert {str(p.dtype) for p in jax.tree.leaves(nnx.state(ours, nnx.Param))} == {dtype}
+    assert {p.dtype for p in theirs.parameters()} == {getattr(torch, dtype)}
+    ids = np.arange(3, 19, dtype=np.int32)[None]
+    mine = np.asarray(ours(jnp.asarray(ids)).logits, np.float32)
+    with torch.no_grad():
+        ref = theirs(torch.as_tensor(ids, dtype=torch.long)).logits.float().numpy()
+    np.testing.assert_allclose(mine, ref, atol=1e-4 if dtype == "float32" else 5e-2)
+
