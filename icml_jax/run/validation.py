@@ -61,47 +61,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
         if not manifest.is_file():
             raise ConfigError(f"config.mode runs 'warmup' without 'synthesize' but {manifest} does not exist; "
                               f"add 'synthesize' to config.mode or synthesize into that directory first")
-    try:  # kind, dtype and sizes are checked as the typed blocks are built
-        model, policy = spec.model, spec.policy
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if model.kind == PRETRAINED:
-        path = model.path
-        if not path:
-            raise ConfigError("config.model.path is not set: point it at a local Hugging Face checkpoint "
-                              "directory (config.json + *.safetensors), e.g. --config.model.path=/models/Qwen3-1.7B")
-        if not (Path(path).expanduser() / "config.json").is_file():
-            raise ConfigError(f"config.model.path={path!r}: no config.json there; expected a local Hugging Face "
-                              f"checkpoint directory (nothing is downloaded)")
-        trigger = policy.trigger_model
-        if trigger and not (Path(trigger).expanduser() / "config.json").is_file():
-            raise ConfigError(f"config.policy.trigger_model={trigger!r}: no config.json there; expected a local "
-                              f"Hugging Face checkpoint directory")
-    elif model.kind == TINY and spec.data.name != PERSONA_WORLD:
-        raise ConfigError("config.model.kind='tiny' builds its tokenizer from the persona world's vocabulary; "
-                          f"it needs config.data.name='persona_world', got {spec.data.name!r}")
-    try:  # the roles and each block's kind, keys and values are checked as they are read
-        llm = spec.llm
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    roles = spec.backend_roles(stages)
-    for role, block in llm.configured().items():  # every configured block, used by these stages or not
-        if block is None and role not in roles:
-            continue
-        try:
-            if block is None:
-                raise ValueError(f"config.llm.{role}: no back end configured, but the stages {list(stages)} use it")
-            values = llm.check(role)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        name, env = api_key_variables(values)
-        if role in roles and env:
-            try:
-                read_api_key(env, f"{values['kind']} back end")  # the key itself is never kept, logged or written
-            except MissingAPIKeyError as exc:
-                raise ConfigError(f"config.llm.{role} is a{'n' if name[0] in 'AEIOU' else ''} {name} back end "
-                                  f"({values.get('model')}): {exc}; or try it without a key: "
-                                  f"--config.llm.{role}.kind=offline") from None
+    check_model(spec)
+    check_backends(spec, stages)
     if {"synthesize", "warmup"} & set(stages):
         check_candidates(config)
     check_blocks(spec, stages)
@@ -128,6 +89,57 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
     if jax.process_count() > 1:
         check_processes(config, stages, jax.process_count(), spec)
     return stages
+
+
+def check_model(spec: RunSpec) -> None:
+    """The backbone: its typed blocks build, a pretrained one's local directories hold a config.json, and the
+    tiny model runs on the persona world whose vocabulary it uses."""
+    try:  # kind, dtype and sizes are checked as the typed blocks are built
+        model, policy = spec.model, spec.policy
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if model.kind == PRETRAINED:
+        path = model.path
+        if not path:
+            raise ConfigError("config.model.path is not set: point it at a local Hugging Face checkpoint "
+                              "directory (config.json + *.safetensors), e.g. --config.model.path=/models/Qwen3-1.7B")
+        if not (Path(path).expanduser() / "config.json").is_file():
+            raise ConfigError(f"config.model.path={path!r}: no config.json there; expected a local Hugging Face "
+                              f"checkpoint directory (nothing is downloaded)")
+        trigger = policy.trigger_model
+        if trigger and not (Path(trigger).expanduser() / "config.json").is_file():
+            raise ConfigError(f"config.policy.trigger_model={trigger!r}: no config.json there; expected a local "
+                              f"Hugging Face checkpoint directory")
+    elif model.kind == TINY and spec.data.name != PERSONA_WORLD:
+        raise ConfigError("config.model.kind='tiny' builds its tokenizer from the persona world's vocabulary; "
+                          f"it needs config.data.name='persona_world', got {spec.data.name!r}")
+
+
+def check_backends(spec: RunSpec, stages: tuple[str, ...]) -> None:
+    """Every configured LLM block (used by these stages or not) reads whole; each role the stages use is
+    configured and, where its back end needs one, has its API key in the environment."""
+    try:  # the roles and each block's kind, keys and values are checked as they are read
+        llm = spec.llm
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    roles = spec.backend_roles(stages)
+    for role, block in llm.configured().items():
+        if block is None and role not in roles:
+            continue
+        try:
+            if block is None:
+                raise ValueError(f"config.llm.{role}: no back end configured, but the stages {list(stages)} use it")
+            values = llm.check(role)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        name, env = api_key_variables(values)
+        if role in roles and env:
+            try:
+                read_api_key(env, f"{values['kind']} back end")  # the key itself is never kept, logged or written
+            except MissingAPIKeyError as exc:
+                raise ConfigError(f"config.llm.{role} is a{'n' if name[0] in 'AEIOU' else ''} {name} back end "
+                                  f"({values.get('model')}): {exc}; or try it without a key: "
+                                  f"--config.llm.{role}.kind=offline") from None
 
 
 def check_processes(config: ml_collections.ConfigDict, stages: Sequence[str], count: int,
