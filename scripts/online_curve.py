@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+from icml_jax.run.runlog import METRICS_FILE, read_metrics
 
 EXACT_UP_TO = 8  # curves this long are tested over all n! orders (8! = 40,320)
 KEYS = {"r_trig": "episode/reward_quality", "r_proxy": "episode/reward_proxy", "save": "episode/save_rate",
@@ -23,19 +24,24 @@ KEYS = {"r_trig": "episode/reward_quality", "r_proxy": "episode/reward_proxy", "
 
 def episode_rows(run: str | Path) -> list[dict]:
     """The online stage's episode rows of `<run>/metrics.jsonl`, in episode order; an error names a run without."""
-    path = Path(run) / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    path = Path(run) / METRICS_FILE
+    rows = read_metrics(path)
     episodes = sorted((r for r in rows if r.get("stage") == "online" and "episode/id" in r), key=lambda r: r["episode"])
     if not episodes:
         raise ValueError(f"{path}: no online episode rows (is it a finished run's workdir?)")
     return episodes
 
 
+def slopes(y: np.ndarray) -> np.ndarray:
+    """Least-squares slopes of the rows of `y` (along its last axis) against 1, 2, ..., n."""
+    x = np.arange(1, y.shape[-1] + 1, dtype=np.float64)
+    x -= x.mean()
+    return (y - y.mean(axis=-1, keepdims=True)) @ x / (x @ x)
+
+
 def slope(values: Sequence[float]) -> float:
     """Least-squares slope of `values` against 1, 2, ..., n (per episode)."""
-    y = np.asarray(values, np.float64)
-    x = np.arange(1, y.size + 1, dtype=np.float64)
-    return float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum())
+    return float(slopes(np.asarray(values, np.float64)))
 
 
 def _orders(n: int, samples: int, rng: np.random.Generator) -> np.ndarray:
@@ -52,8 +58,7 @@ def rise_p_value(values: Sequence[float], *, samples: int = 20_000, seed: int = 
     if y.size < 3:
         raise ValueError(f"rise_p_value: needs at least 3 episodes, got {y.size}")
     orders = _orders(y.size, samples, np.random.default_rng(seed))
-    slopes = np.array([slope(y[o]) for o in orders])
-    return float(np.mean(slopes >= slope(y) - 1e-12))
+    return float(np.mean(slopes(y[orders]) >= slope(y) - 1e-12))
 
 
 def pooled_rise_p_value(curves: Sequence[Sequence[float]], *, samples: int = 20_000, seed: int = 0) -> float:
@@ -62,8 +67,9 @@ def pooled_rise_p_value(curves: Sequence[Sequence[float]], *, samples: int = 20_
     rng = np.random.default_rng(seed)
     arrays = [np.asarray(c, np.float64) for c in curves]
     observed = sum(slope(y) for y in arrays)
-    hits = sum(sum(slope(y[rng.permutation(y.size)]) for y in arrays) >= observed - 1e-12 for _ in range(samples))
-    return (1 + hits) / (1 + samples)
+    orders = [[rng.permutation(y.size) for y in arrays] for _ in range(samples)]  # draw by draw, curve by curve
+    drawn = sum(slopes(y[np.array([draw[i] for draw in orders])]) for i, y in enumerate(arrays))
+    return (1 + int(np.sum(drawn >= observed - 1e-12))) / (1 + samples)
 
 
 def _fmt(value: float | None) -> str:

@@ -39,13 +39,15 @@ from icml_jax.llm.config import GENERATOR, JUDGE
 from icml_jax.llm.verbatim import VerbatimNotes
 from icml_jax.memory.store import MemoryStore
 from icml_jax.run.runspec import RunSpec
+from icml_jax.run.validation import EXTENDABLE_KEYS
 
 RESULTS = "results.json"
 ORACLE = "evidence_oracle"
-# how long ours trains and how its checkpoints are kept: a baseline's rows do not depend on them, so a finished run
-# extended (data.train_episodes) reads its baselines back and plays only ours again
-OURS_TRAINING_KEYS = ("checkpoint.", "data.train_episodes")
 OURS_ONLINE = "ours_online"  # ours, learning online (its own rewards) on each conversation's sessions as it reads them
+OURS_SYSTEMS = ("ours", OURS_ONLINE)  # the systems that play the trained policy
+# how long ours trains and how its checkpoints are kept: a baseline's rows do not depend on them, so a finished run
+# extended (validation.EXTENDABLE_KEYS) reads its baselines back and plays only ours again
+OURS_TRAINING_KEYS = ("checkpoint.", *EXTENDABLE_KEYS)
 DENSE_K = "dense@"
 FORMATS = ("locomo", "longmemeval")  # LocomoSettings.format: how `file` is read
 
@@ -132,7 +134,7 @@ def _factory(system: str, checkpoint: Path | None):
     """The agent factory of a system (None: the evidence oracle, which has no agent)."""
     if system == ORACLE:
         return None
-    if system in ("ours", OURS_ONLINE):
+    if system in OURS_SYSTEMS:
         return policy_factory(checkpoint)
     return baseline_factory("dense" if system.startswith(DENSE_K) else system)
 
@@ -196,7 +198,7 @@ def _same_setting(stored: Mapping[str, Any], current: Mapping[str, Any]) -> bool
     experiments block, whose LoCoMo part is the settings, not compared; for a baseline, how long ours trains)."""
     old, new = _comparable(stored), _comparable(current)
     configs = old.pop("config", None) or {}, new.pop("config", None) or {}
-    ignore = ("experiments.",) + (() if new.get("system") in ("ours", OURS_ONLINE) else OURS_TRAINING_KEYS)
+    ignore = ("experiments.",) + (() if new.get("system") in OURS_SYSTEMS else OURS_TRAINING_KEYS)
     return old == new and not config_differences(*configs, ignore=ignore)
 
 
@@ -246,7 +248,7 @@ def locomo_report(ctx: Any, ours_policy: Callable[[int], Path]) -> Report:
     for seed in ctx.seeds:
         config, rows = ctx.cfg(seed), {}
         for system in settings.systems:
-            policy = ours_policy(seed) if system in ("ours", OURS_ONLINE) else None
+            policy = ours_policy(seed) if system in OURS_SYSTEMS else None
             ctx.log(f"seed {seed}: locomo {system}")
             out = ctx.seed_dir(seed) / f"locomo_{system}"
             content = run_system(config, settings, out, system, episodes=episodes,

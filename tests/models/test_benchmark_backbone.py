@@ -53,4 +53,3 @@ def test_load_pair_holds_both_models_in_the_asked_dtype(script, monkeypatch, dty
     with torch.no_grad():
         ref = theirs(torch.as_tensor(ids, dtype=torch.long)).logits.float().numpy()
     np.testing.assert_allclose(mine, ref, atol=1e-4 if dtype == "float32" else 5e-2)
-
