@@ -25,9 +25,8 @@ import ml_collections
 from absl import app, flags
 from tqdm.auto import tqdm
 
-from icml_jax.agents.agent import AgentConfig, MemoryAgent
+from icml_jax.agents.agent import MemoryAgent
 from icml_jax.checkpoint import load_warmup
-from icml_jax.configlib import field_default
 from icml_jax.data.protocol import load_eval_episodes, shared_data_dir
 from icml_jax.data.config import PERSONA_WORLD
 from icml_jax.data.stream import clip_sessions, held_out_episodes, user_speaker
@@ -131,12 +130,10 @@ def _model_scores(config: ml_collections.ConfigDict, rows: list[dict[str, Any]])
     return out
 
 
-def _reply_temperature(config: ml_collections.ConfigDict) -> float:
+def _reply_temperature(spec: RunSpec) -> float:
     """The temperature the target replies were written at (eval.reply_temperature, else learner's)."""
-    own = reply_temperature(config)
-    learner = config.get("learner") or {}
-    return own if own is not None else float(learner.get("reply_temperature",
-                                                         field_default(AgentConfig, "reply_temperature")))
+    own = spec.eval.reply_temperature
+    return float(own if own is not None else spec.agent.reply_temperature)
 
 
 def _memory_gain(spec: RunSpec, generator, results, episodes) -> dict[str, Any]:
@@ -308,7 +305,7 @@ def evaluate_agent(config: ml_collections.ConfigDict, workdir: str | Path, facto
                **provenance, "generator": spec.llm.options(GENERATOR), "seed": int(config.seed),
                "judge": (f"{judge_block.get('kind')} (an oracle: it reads the data's labels)"
                          if judge_block and judge_block.get("kind") == "offline" else judge_block),
-               "greedy": True, "reply_temperature": _reply_temperature(config), "learning": {"online": learn, "updates": len(getattr(agent, "updates", []))},
+               "greedy": True, "reply_temperature": _reply_temperature(spec), "learning": {"online": learn, "updates": len(getattr(agent, "updates", []))},
                "backend_requests": {"sent": sum(b.misses for b in backends),
                                     "from_cache": sum(b.hits for b in backends)},
                "llm_usage": llm_usage,

@@ -58,6 +58,28 @@ def default_config() -> ml_collections.ConfigDict:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+    """The `parallel` block typed: the mesh shape, the logical-axis rules and how the processes join; a key the
+    block leaves out takes `default_config()`'s value (the one place these defaults are written)."""
+
+    mesh: Mapping[str, int]
+    rules: tuple[tuple[str, str | tuple[str, ...] | None], ...]
+    distributed: Mapping[str, Any]
+
+    @classmethod
+    def from_config(cls, block: Any) -> ParallelConfig:
+        """From the `parallel` block (a ConfigDict, a mapping or None: the defaults); an unknown key is an error."""
+        given = dict(block.to_dict() if hasattr(block, "to_dict") else block or {})
+        defaults = default_config().to_dict()
+        unknown = sorted(set(given) - set(defaults))
+        if unknown:
+            raise ValueError(f"config.parallel: unknown key(s) {unknown}; known: {sorted(defaults)}")
+        values = {**defaults, **given}
+        return cls(mesh=dict(values["mesh"]), rules=rules_from(values["rules"]),
+                   distributed=dict(values["distributed"]))
+
+
 def rules_from(rules: Any) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
     """A rules table as tuples, from the config's (possibly list-typed) form; validates each entry."""
     out = []

@@ -125,3 +125,75 @@ def test_the_llm_block_is_built_once_and_validate_names_a_bad_role(tmp_path):
     bad.llm.judge.kind = "gpt"
     with pytest.raises(ConfigError, match="config.llm.judge: unknown LLM back end kind 'gpt'"):
         validate(bad, tmp_path)
+
+
+def test_the_parallel_lora_and_baselines_blocks_are_typed_once(tmp_path):
+    from icml_jax import parallel
+    from icml_jax.models.lora import LoraConfig
+    from icml_jax.run.baseline_defaults import BASELINE_DEFAULTS
+    from icml_jax.run.validation import validate
+
+    base = load_config("base")
+    spec = RunSpec.from_config(base)
+    assert spec.parallel.mesh == {"data": 1, "fsdp": -1, "tensor": 1} and spec.parallel is spec.parallel
+    assert spec.parallel.rules == parallel.DEFAULT_RULES and spec.parallel.distributed["initialization_timeout"] == 300
+    assert spec.lora == LoraConfig.from_config(base.lora) and spec.baselines == BASELINE_DEFAULTS
+    assert parallel.ParallelConfig.from_config(None) == spec.parallel  # no block: default_config()'s values
+    partial = parallel.ParallelConfig.from_config({"mesh": {"data": 2, "fsdp": 1, "tensor": 1}})
+    assert partial.mesh["data"] == 2 and partial.rules == parallel.DEFAULT_RULES
+    with pytest.raises(ValueError, match=r"config.parallel: unknown key\(s\) \['meshes'\]"):
+        parallel.ParallelConfig.from_config({"meshes": {}})
+    config = load_config("demo")
+    config.baselines.top_k = 7
+    config.baselines.mem0.similar = 2
+    got = RunSpec.from_config(config).baselines
+    assert got["top_k"] == 7 and got["mem0"]["similar"] == 2 and got["mem0"]["max_facts"] == 5
+    assert BASELINE_DEFAULTS["top_k"] == 3  # the defaults stay untouched
+    bad = load_config("demo")
+    with bad.unlocked():
+        bad.parallel.meshh = {"data": 1}
+    with pytest.raises(ConfigError, match=r"config.parallel: unknown key\(s\) \['meshh'\]"):
+        validate(bad, tmp_path)
+
+
+@pytest.mark.parametrize("key, value", [("keep", 0), ("every_episodes", True), ("every_episodes", -2)])
+def test_the_checkpoint_block_refuses_a_count_it_cannot_keep(tmp_path, key, value):
+    from icml_jax.run.validation import validate
+
+    bad = load_config("demo")
+    bad.checkpoint[key] = value
+    with pytest.raises(ConfigError, match=rf"config.checkpoint: CheckpointConfig.{key} must be a positive int"):
+        validate(bad, tmp_path)
+
+
+# files whose `config` names a typed dataclass (or that build the typed block they are named for), not a ConfigDict
+TYPED_CONFIG_FILES = ("run/runspec.py", "data/config.py", "models/backbone.py", "agents/agent.py",
+                      "experiments/persona_run.py", "train/supervised.py", "synthesis/__init__.py")
+RUN_BLOCKS = {"data", "model", "llm", "eval", "baselines", "learner", "parallel", "synthesis", "rl", "lora",
+              "checkpoint", "online", "observation", "policy", "warmup", "limits"}
+
+
+def test_no_raw_block_read_outside_the_typed_layer():
+    """A run config's blocks are read through `RunSpec` (each built once, from one set of defaults): no
+    `config.<block>` (nor `ctx.config.` / `run.config.`) and no `<config>.get("<block>")` outside the files that
+    build the typed blocks."""
+    import ast
+    from pathlib import Path
+
+    import icml_jax
+
+    root = Path(icml_jax.__file__).parent
+    bad = []
+    for f in sorted(root.rglob("*.py")):
+        name = f.relative_to(root).as_posix()
+        if name in TYPED_CONFIG_FILES:
+            continue
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Attribute) and node.attr in RUN_BLOCKS
+                    and ast.unparse(node.value) in ("config", "ctx.config", "run.config")):
+                bad.append(f"{name}:{node.lineno} config.{node.attr}")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                    and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in RUN_BLOCKS
+                    and "config" in ast.unparse(node.func.value)):
+                bad.append(f"{name}:{node.lineno} {ast.unparse(node)}")
+    assert not bad, f"raw config block reads outside the typed layer: {bad}"

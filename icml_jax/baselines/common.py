@@ -4,26 +4,27 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+import ml_collections
+
 from icml_jax.agents.agent import AgentConfig
-from icml_jax.agents.observation import ObservationConfig
 from icml_jax.configlib import field_default
 from icml_jax.data.protocol import Target
 from icml_jax.data.schema import Episode
 from icml_jax.data.stream import user_speaker
-from icml_jax.evaluation.protocol import AgentReply, MemoryChoice, reply_temperature
+from icml_jax.evaluation.protocol import AgentReply, MemoryChoice
 from icml_jax.llm.generation import ReplyInput, generate_replies
 from icml_jax.llm.types import LLMBackend
 from icml_jax.memory.fragment import Fragment
 from icml_jax.memory.store import MemoryStore
 from icml_jax.memory.writer import TurnToSave, commit_saves, condense, save_turns
-from icml_jax.run.baseline_defaults import BASELINE_DEFAULTS
+from icml_jax.run.baseline_defaults import BASELINE_DEFAULTS, baseline_settings_of
+from icml_jax.run.runspec import RunSpec
 
 logger = logging.getLogger(__name__)
 
@@ -32,24 +33,11 @@ Ref = tuple[str, int, int]  # (episode id, session, turn) of a source turn
 DEFAULTS = BASELINE_DEFAULTS  # the defaults of `config.baselines` (icml_jax.run.baseline_defaults)
 
 
-def _merge(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
-    """`defaults` with the keys of `given` on top, nested blocks merged key by key."""
-    out = copy.deepcopy(dict(defaults))
-    for key, value in given.items():
-        if isinstance(out.get(key), dict) and isinstance(value, Mapping):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def baseline_settings(config: Any) -> dict[str, Any]:
-    """`config.baselines` (a ConfigDict or mapping; missing keys take `DEFAULTS`) as a plain dict."""
-    block = config.get("baselines") if config is not None else None
-    if block is None:
-        return copy.deepcopy(DEFAULTS)
-    given = block.to_dict() if hasattr(block, "to_dict") else dict(block)
-    return _merge(DEFAULTS, given)
+    """`config.baselines` over `DEFAULTS` as a plain dict (`RunSpec.baselines`; a mapping or None works too)."""
+    if config is None:
+        return baseline_settings_of(None)
+    return (config if isinstance(config, RunSpec) else RunSpec.from_config(config)).baselines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,15 +50,14 @@ class ReplySettings:
     note_max_tokens: int = field_default(AgentConfig, "note_max_tokens")
 
     @classmethod
-    def from_config(cls, config: Any) -> ReplySettings:
-        """`config.learner.reply_temperature / reply_max_tokens / note_max_tokens`, read as our agent's are
-        (`AgentConfig.from_config`: a missing key takes the dataclass default); `eval.reply_temperature`, when set,
-        replaces the temperature (the target replies are the only replies a baseline writes)."""
-        learner = config.get("learner") if config is not None else None
-        temperature = reply_temperature(config)
-        if learner is None:
-            return cls() if temperature is None else cls(temperature=temperature)
-        agent = AgentConfig.from_config(learner, ObservationConfig())
+    def from_config(cls, config: ml_collections.ConfigDict | RunSpec | None) -> ReplySettings:
+        """`learner.reply_temperature / reply_max_tokens / note_max_tokens`, read as our agent's are (`RunSpec.agent`:
+        a missing key takes the dataclass default); `eval.reply_temperature`, when set, replaces the temperature (the
+        target replies are the only replies a baseline writes). None: the defaults."""
+        if config is None:
+            return cls()
+        spec = config if isinstance(config, RunSpec) else RunSpec.from_config(config)
+        agent, temperature = spec.agent, spec.eval.reply_temperature
         return cls(float(agent.reply_temperature if temperature is None else temperature), int(agent.reply_max_tokens),
                    int(agent.note_max_tokens))
 

@@ -8,6 +8,7 @@ after `main` reuses its warm-up and its trained agent, `judges` trains from the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -33,11 +34,12 @@ from icml_jax.llm.local import DEFAULT_JUDGE_MODE, JUDGE_MODE_SCORES
 from icml_jax.llm.config import GENERATOR, JUDGE
 from icml_jax.llm.registry import make_backend
 from icml_jax.models.backbone import TINY
-from icml_jax.rl.config import LIKELIHOOD_KEYS, RewardConfig
+from icml_jax.rl.config import LIKELIHOOD_KEYS
 from icml_jax.rl.save_log import pearson_or_none
 from icml_jax.run.agent_loading import find_checkpoint
 from icml_jax.run.runlog import METRICS_FILE, read_metrics
 from icml_jax.run.runspec import RunSpec
+from icml_jax.synthesis.config import SynthesisConfig
 
 
 @dataclasses.dataclass
@@ -55,6 +57,11 @@ class Context:
 
     def cfg(self, seed: int) -> ml_collections.ConfigDict:
         return runs.seed_config(self.config, seed)
+
+    @functools.cached_property
+    def spec(self) -> RunSpec:
+        """The typed blocks of the experiment's config (each seed's run config differs only in its seed)."""
+        return RunSpec.from_config(self.config)
 
     def exp(self, key: str, default: Any = None) -> Any:
         return (self.config.get("experiments") or {}).get(key, default)
@@ -264,10 +271,9 @@ def ablation(ctx: Context) -> Report:
     return report
 
 
-def _scale_seeds(config: ml_collections.ConfigDict, episodes: int) -> int:
+def _scale_seeds(syn: SynthesisConfig, episodes: int) -> int:
     """Seed sessions that give about `episodes` synthesized training episodes (storylines per seed, less the
     held-out fraction)."""
-    syn = config.synthesis
     per_seed = int(syn.storylines_per_seed) * (1.0 - float(syn.heldout_fraction))
     return max(2, math.ceil(episodes / per_seed))
 
@@ -283,7 +289,7 @@ def synthetic_scale(ctx: Context) -> Report:
             if n == 0:
                 content = learned(ctx, seed, "no_synthetic", from_warmup=False)
                 return {**content, "synthesized": 0}
-            overrides = {"synthesis.num_seeds": _scale_seeds(ctx.config, n)}
+            overrides = {"synthesis.num_seeds": _scale_seeds(ctx.spec.synthesis, n)}
             ctx.log(f"seed {seed}: synthesis and warm-up on ~{n} episodes")
             start = runs.base_run(ctx.cfg(seed), ctx.seed_dir(seed), name=f"base_scale_{n}", overrides=overrides)
             manifest = json.loads((start.parent / "synthesis" / "manifest.json").read_text(encoding="utf-8"))
@@ -329,8 +335,7 @@ def _likelihood_settings(ctx: Context, spec: str = LIKELIHOOD) -> dict[str, Any]
     for "likelihood"; "likelihood/<match>[+control][+cost<c>]" sets likelihood_match to <match>,
     likelihood_control to whether "+control" is there and save_cost to c where given (the rest stay the
     config's): a calibrated proxy's zero is a control text's gain, so it needs its own save cost."""
-    reward = RewardConfig.from_dict(ctx.config.rl.reward.to_dict())
-    settings = {k: getattr(reward, k) for k in REWARD_KEYS}
+    settings = {k: getattr(ctx.spec.reward, k) for k in REWARD_KEYS}
     if spec != LIKELIHOOD:
         match, *options = spec.removeprefix(LIKELIHOOD + "/").split("+")
         settings |= {"likelihood_match": match, "likelihood_control": False}
@@ -345,7 +350,7 @@ def _likelihood_settings(ctx: Context, spec: str = LIKELIHOOD) -> dict[str, Any]
             else:
                 raise ValueError(f"experiments.judges entry {spec!r}: after '+' only {CONTROL!r} and "
                                  f"'{COST}<number>' are known, got {option!r}")
-        RewardConfig.from_dict({**ctx.config.rl.reward.to_dict(), **settings})  # an unknown match raises here
+        dataclasses.replace(ctx.spec.reward, **settings)  # an unknown match raises here
     return settings
 
 
@@ -374,7 +379,7 @@ def judges(ctx: Context) -> Report:
     `experiments.judges` (a judge back end as `llm.judge`: r_proxy and r_qual; or "likelihood", the label-free
     reward of rl.likelihood, or a variant of it, "likelihood/utterance+control+cost0.1"), then the trained agent's
     automatic metrics; every evaluation is judged by the config's own judge, so only the reward model differs."""
-    own_source = ctx.config.rl.reward.get("source", "judge")
+    own_source = ctx.spec.reward.source
     own = {"source": own_source, **(_judge_block(ctx, JUDGE) if own_source == "judge" else _likelihood_settings(ctx))}
     specs = list(ctx.exp("judges", ("offline",)))
     blocks = {spec if _is_likelihood(spec) else _judge_label(spec): _reward_model(ctx, spec) for spec in specs}
@@ -514,7 +519,7 @@ def lambda_(ctx: Context) -> Report:
     """Table 10: the truth-reward weight lambda."""
     report = Report("lambda", "Truth-reward weight", "Table 10", {**REPLY_COLUMNS, **MEMORY_COLUMNS}, {},
                     row_header="lambda")
-    default = float(ctx.config.rl.reward.truth_lambda)
+    default = float(ctx.spec.reward.truth_lambda)
     variants = {}
     for lam in ctx.exp("lambdas", ()):
         lam = float(lam)

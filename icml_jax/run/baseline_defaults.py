@@ -4,6 +4,7 @@ run layer so that configs/base.py builds its block from them: each written once.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
@@ -93,4 +94,22 @@ def baselines_block() -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(values)
 
 
-__all__ = ["BASELINE_DEFAULTS", "BASELINE_NULLABLE", "baselines_block"]
+def _merge(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """`defaults` with the keys of `given` on top, nested blocks merged key by key."""
+    out = copy.deepcopy(dict(defaults))
+    for key, value in given.items():
+        if isinstance(out.get(key), dict) and isinstance(value, Mapping):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def baseline_settings_of(block: Any) -> dict[str, Any]:
+    """The `baselines` block (a ConfigDict, a mapping or None) over `BASELINE_DEFAULTS`, as a new plain dict."""
+    if block is None:
+        return copy.deepcopy(BASELINE_DEFAULTS)
+    return _merge(BASELINE_DEFAULTS, block.to_dict() if hasattr(block, "to_dict") else dict(block))
+
+
+__all__ = ["BASELINE_DEFAULTS", "BASELINE_NULLABLE", "baseline_settings_of", "baselines_block"]

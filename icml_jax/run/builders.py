@@ -14,7 +14,7 @@ from icml_jax.agents import tiny
 from icml_jax.agents.build import build_policies, policies_on
 from icml_jax.models.backbone import TINY
 from icml_jax.models.decoder import Decoder
-from icml_jax.models.lora import LoraConfig, apply_lora
+from icml_jax.models.lora import apply_lora
 from icml_jax.models.tokenizer import load_tokenizer
 from icml_jax.run.runspec import RunSpec
 
@@ -41,29 +41,28 @@ def build_models(config: ml_collections.ConfigDict, workdir: Path, spec: RunSpec
 
     spec = spec if spec is not None else RunSpec.from_config(config)
     model = spec.model
-    _, local_mesh = parallel.process_meshes(dict(config.parallel.mesh))
+    _, local_mesh = parallel.process_meshes(dict(spec.parallel.mesh))
     if model.kind == TINY:
         tokenizer = build_tiny_tokenizer(config, workdir, spec)
         policy = spec.policy
         seed = policy.seed
         backbone = Decoder(tiny.tiny_model_config(len(tokenizer), model.hidden, model.layers), rngs=nnx.Rngs(seed))
         if model.tiny_lora:
-            backbone = apply_lora(backbone, LoraConfig.from_config(config.lora), seed=seed)
+            backbone = apply_lora(backbone, spec.lora, seed=seed)
         trigger = None  # model.trigger_hidden: a Trigger backbone of another width (the size grid, Figure 6)
         width = model.trigger_hidden
         if width is not None and width != model.hidden:
             trigger = Decoder(tiny.tiny_model_config(len(tokenizer), width, model.layers), rngs=nnx.Rngs(seed + 2))
             if model.tiny_lora:
-                trigger = apply_lora(trigger, LoraConfig.from_config(config.lora), seed=seed + 2)
+                trigger = apply_lora(trigger, spec.lora, seed=seed + 2)
         for decoder in (backbone, trigger):
             if decoder is not None:
                 decoder.remat = policy.remat
         policies = policies_on(backbone, trigger, policy, rngs=nnx.Rngs(seed + 1))
         if local_mesh.size > 1:  # several devices: the policies live on them (replicated), as a real model does
-            parallel.shard_model(policies, local_mesh, parallel.rules_from(config.parallel.rules))
+            parallel.shard_model(policies, local_mesh, spec.parallel.rules)
         return policies, tokenizer
 
     # each process holds its own copy on its devices (with one process: the whole mesh)
-    policies = build_policies(spec.policy, config.lora, mesh=local_mesh,
-                              rules=parallel.rules_from(config.parallel.rules))
+    policies = build_policies(spec.policy, spec.lora, mesh=local_mesh, rules=spec.parallel.rules)
     return policies, load_tokenizer(model.path)

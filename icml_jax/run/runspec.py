@@ -26,9 +26,12 @@ from icml_jax.data.stream import user_speaker
 from icml_jax.llm.config import GENERATOR, LLMConfig
 from icml_jax.llm.types import LLMBackend
 from icml_jax.models.backbone import BackboneConfig
+from icml_jax.models.lora import LoraConfig
+from icml_jax.parallel import ParallelConfig
 from icml_jax.rl.config import PPOConfig, RewardConfig
 from icml_jax.rl.divergence import DivergenceConfig
 from icml_jax.rl.learner import LearnerConfig
+from icml_jax.run.baseline_defaults import baseline_settings_of
 from icml_jax.synthesis.config import SynthesisConfig
 from icml_jax.textcheck import TextLimits
 from icml_jax.train.supervised import WarmupConfig
@@ -130,6 +133,13 @@ class CheckpointConfig:
     keep: int = 3  # complete checkpoints kept in <workdir>/checkpoints
     async_save: bool = True  # write in the background while the next episodes play
 
+    def __post_init__(self) -> None:
+        """Refuse a count no checkpointer can keep, naming the key."""
+        for name in ("every_episodes", "keep"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"CheckpointConfig.{name} must be a positive int, got {value!r}")
+
     @classmethod
     def from_config(cls, block: Any) -> CheckpointConfig:
         """From the `checkpoint` block (None: the defaults); unknown keys are an error."""
@@ -155,6 +165,16 @@ class RunSpec:
         return BackboneConfig.from_config(self.config.model)
 
     @functools.cached_property
+    def lora(self) -> LoraConfig:
+        """The LoRA adapters on the backbones (`config.lora`; absent: the defaults)."""
+        return LoraConfig.from_config(self.config.get("lora"))
+
+    @functools.cached_property
+    def parallel(self) -> ParallelConfig:
+        """The device mesh, sharding rules and multi-process start-up (`config.parallel`; absent: the defaults)."""
+        return ParallelConfig.from_config(self.config.get("parallel"))
+
+    @functools.cached_property
     def policy(self) -> PolicyConfig:
         """The two policies' backbones, heads and initialisation (`config.policy`)."""
         return PolicyConfig.from_config(self.config.get("policy"))
@@ -164,7 +184,7 @@ class RunSpec:
     @functools.cached_property
     def observation(self) -> ObservationConfig:
         """What both policies see, in every stage (`config.observation`)."""
-        return ObservationConfig(**self.config.observation.to_dict())
+        return ObservationConfig(**known_fields(ObservationConfig, self.config.get("observation")))
 
     @functools.cached_property
     def agent(self) -> AgentConfig:
@@ -203,6 +223,11 @@ class RunSpec:
     def checkpoint(self) -> CheckpointConfig:
         """The online checkpoints' interval and retention (`config.checkpoint`)."""
         return CheckpointConfig.from_config(self.config.get("checkpoint"))
+
+    @functools.cached_property
+    def baselines(self) -> dict[str, Any]:
+        """Table 1's and Table 6's other systems' settings (`config.baselines` over `BASELINE_DEFAULTS`)."""
+        return baseline_settings_of(self.config.get("baselines"))
 
     @functools.cached_property
     def eval(self) -> EvalConfig:

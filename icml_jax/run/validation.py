@@ -14,14 +14,13 @@ import ml_collections
 from icml_jax import parallel
 from icml_jax.agents.prefilter import encoder_directory
 from icml_jax.checkpoint import META_FILE
-from icml_jax.configlib import ConfigError, config_differences, field_default
+from icml_jax.configlib import ConfigError, config_differences
 from icml_jax.data.config import PERSONA_WORLD
 from icml_jax.data.stream import check_data_config
 from icml_jax.llm.registry import api_key_variables
 from icml_jax.llm.remote import read_api_key
 from icml_jax.llm.types import MissingAPIKeyError
 from icml_jax.models.backbone import PRETRAINED, TINY
-from icml_jax.rl.learner import LearnerConfig
 from icml_jax.run.runspec import RunSpec
 from icml_jax.run.stages import STAGES
 from icml_jax.run.workdir import CONFIG_FILE, SYNTHESIS_DIR, config_text
@@ -63,12 +62,13 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
                               f"add 'synthesize' to config.mode or synthesize into that directory first")
     check_model(spec)
     check_backends(spec, stages)
-    if {"synthesize", "warmup"} & set(stages):
-        check_candidates(config)
     check_blocks(spec, stages)
-    check_checkpoint(config)
-    init_from = (config.get("online") or {}).get("init_from")
-    if init_from and "online" in stages:
+    if {"synthesize", "warmup"} & set(stages):
+        check_candidates(spec)
+    if "online" in stages:
+        check_checkpoint(spec)
+    init_from = spec.online.init_from if "online" in stages else None
+    if init_from:
         if "warmup" in stages:
             raise ConfigError("config.online.init_from starts the online stage from a saved policy, but config.mode "
                               "also runs 'warmup', whose result it would replace; drop one of them")
@@ -77,12 +77,16 @@ def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
     check_same_run(config, workdir)
     import jax
 
-    parallel.initialize(config.parallel.distributed.to_dict())
     try:
-        mesh, _ = parallel.process_meshes(dict(config.parallel.mesh))
+        settings = spec.parallel
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    parallel.initialize(dict(settings.distributed))
+    try:
+        mesh, _ = parallel.process_meshes(dict(settings.mesh))
     except ValueError as exc:
         raise ConfigError(f"config.parallel.mesh: {exc}") from None
-    size = int(config.rl.ppo.minibatch_size)
+    size = int(spec.ppo.minibatch_size)
     if "online" in stages and size % mesh.shape["data"]:  # PPO minibatch rows are sharded over `data`
         raise ConfigError(f"config.rl.ppo.minibatch_size={size} cannot be sharded over config.parallel.mesh.data="
                           f"{mesh.shape['data']} devices: make it a multiple of {mesh.shape['data']}")
@@ -152,13 +156,15 @@ def check_processes(config: ml_collections.ConfigDict, stages: Sequence[str], co
                           "stage only. Run synthesize and warmup in one process first (--config.mode=synthesize,warmup "
                           "--workdir=W0), then every process with --config.mode=online "
                           "--config.online.init_from=W0/warmup and a new --workdir (docs/scaling.md)")
-    learner = config.learner
-    b = int(learner.get("users_in_flight", field_default(LearnerConfig, "users_in_flight")))
-    every = int(learner.update_every)
+    spec = spec if spec is not None else RunSpec.from_config(config)
+    try:
+        b, every = spec.learner.users_in_flight, spec.learner.update_every
+    except ValueError as exc:
+        raise ConfigError(f"config.learner: {exc}") from None
     if every % (count * b):
         raise ConfigError(f"config.learner.update_every={every} must be a multiple of the {count} processes x "
                           f"learner.users_in_flight={b} (an update follows a whole group of users on every process)")
-    data = (spec if spec is not None else RunSpec.from_config(config)).data
+    data = spec.data
     if data.name == PERSONA_WORLD and data.train_episodes % count:
         raise ConfigError(f"config.data.train_episodes={data.train_episodes} must be a multiple of the {count} "
                           "processes (each plays an equal share, in lockstep)")
@@ -189,9 +195,13 @@ def check_blocks(spec: RunSpec, stages: Sequence[str]) -> None:
             raise ConfigError(f"config.{name}: {exc}") from None
 
 
-def check_candidates(config: ml_collections.ConfigDict) -> None:
+def check_candidates(spec: RunSpec) -> None:
     """A synthesized Trigger example shows its positive and its negatives: they must fit the observation."""
-    syn, limit = config.synthesis, config.observation.max_candidates
+    try:
+        syn = spec.synthesis
+    except ValueError as exc:
+        raise ConfigError(f"config.synthesis: {exc}") from None
+    limit = spec.observation.max_candidates
     shown = 1 + int(syn.hard_negatives) + int(syn.soft_negatives)
     if shown > limit:
         raise ConfigError(f"config.observation.max_candidates={limit} is smaller than the memories a synthesized "
@@ -200,12 +210,11 @@ def check_candidates(config: ml_collections.ConfigDict) -> None:
                           "the negatives")
 
 
-def check_checkpoint(config: ml_collections.ConfigDict) -> None:
-    """Checkpoints are taken right after a PPO update, so their interval is a multiple of the update interval."""
-    every, keep, update_every = config.checkpoint.every_episodes, config.checkpoint.keep, config.learner.update_every
-    if not isinstance(keep, int) or keep < 1:
-        raise ConfigError(f"config.checkpoint.keep={keep!r}: must be a positive int (checkpoints kept)")
-    if not isinstance(every, int) or every < 1 or every % update_every:
+def check_checkpoint(spec: RunSpec) -> None:
+    """Checkpoints are taken right after a PPO update, so their interval is a multiple of the update interval (the
+    blocks themselves were checked as they were built)."""
+    every, update_every = spec.checkpoint.every_episodes, spec.learner.update_every
+    if every % update_every:
         raise ConfigError(f"config.checkpoint.every_episodes={every!r}: must be a positive multiple of "
                           f"config.learner.update_every={update_every} (a checkpoint follows a PPO update)")
 

@@ -282,3 +282,17 @@ def test_an_unregistered_offline_task_is_an_error_not_a_default_answer():
             register_offline_answers(["made_up_task"], lambda task, md: "other")
     finally:
         offline._ANSWERS.pop("made_up_task")
+
+
+MAX_FUNCTION_LINES = 80  # issue 55: a function longer than this does more than one job
+MAX_TOP_LEVEL_MODULES = 10  # `__init__.py` included: the rest sits in packages by job
+
+
+def test_functions_stay_short_and_the_top_level_small():
+    functions = [(f, n) for f in sorted(ROOT.rglob("*.py")) for n in ast.walk(ast.parse(f.read_text(encoding="utf-8")))
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    long = [f"{f.relative_to(ROOT)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)" for f, n in functions
+            if n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+    top = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} top-level modules: {top}"

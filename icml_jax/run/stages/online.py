@@ -66,7 +66,7 @@ def stage_online(run: Run) -> dict[str, Any]:
     judge = generator if spec.judge_is_generator else spec.make_backend("judge")
     learner_cfg = spec.learner
     held_out_eval = lambda seen: _held_out_eval(run, policies, tokenizer, held_out, generator, seen)  # noqa: E731
-    update_mesh, _ = parallel.process_meshes(dict(config.parallel.mesh))
+    update_mesh, _ = parallel.process_meshes(dict(spec.parallel.mesh))
     with MemoryStore() as store, RunCheckpointer(run.workdir / CHECKPOINT_DIR, keep=int(spec.checkpoint.keep),
                                                  async_save=bool(spec.checkpoint.async_save)) as ckpt:
         reward = learner_cfg.reward
