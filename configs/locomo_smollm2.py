@@ -28,6 +28,7 @@ from icml_jax.data.protocol import shared_data_dir
 
 ANSWERED = 20  # questions per conversation the generator answers (a seeded draw, the same for every system)
 LONG_CONTEXT_TOKENS = 2048
+MEMOCHAT_LISTED_TOKENS = 4096
 SYSTEMS = ("ours", "no_memory", "long_context", "dense@1", "dense@3", "dense@10", "heuristic", "memorybank", "mem0",
            "ld_agent", "a_mem", "memoryos", "theanine", "memochat", "rsum", "comedy", "evidence_oracle")
 
@@ -38,6 +39,8 @@ def get_config() -> ml_collections.ConfigDict:
     # long_context: the newest 2,048 tokens of the conversation, not SmolLM2's 8,192-token window (a prefill of
     # 8k tokens per answered question would cost about as much as every other system together on 2 cores)
     config.baselines.long_context_tokens = LONG_CONTEXT_TOKENS
+    # MemoChat lists its memos in every retrieval request: a conversation's fill more than SmolLM2's 8,192 tokens
+    config.baselines.memochat.listed_tokens = MEMOCHAT_LISTED_TOKENS
     config.experiments.locomo = ml_collections.ConfigDict(dict(
         file=str(shared_data_dir() / "locomo" / "locomo7.json"),
         conversations=placeholder(int),  # None: all of the file's

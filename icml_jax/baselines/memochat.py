@@ -24,7 +24,7 @@ picks than `top_k` are cut to it (`stats["cut_to_top_k"]`, not malformed).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from icml_jax.baselines import prompts
@@ -65,15 +65,19 @@ class MemoChatAgent(BaselineAgent):
     kind = "memochat"
 
     def __init__(self, generator: LLMBackend, *, user_speaker: str | None, top_k: int = 3,
-                 memo_max_tokens: int = 384, retrieve_max_tokens: int = 64, reply: ReplySettings | None = None
-                 ) -> None:
+                 memo_max_tokens: int = 384, retrieve_max_tokens: int = 64, reply: ReplySettings | None = None,
+                 listed_tokens: int = 0, count_tokens: Callable[[str], int] | None = None) -> None:
         super().__init__(generator, user_speaker=user_speaker, reply=reply)
         if top_k < 1 or memo_max_tokens < 1 or retrieve_max_tokens < 1:
             raise ValueError(f"memochat: top_k, memo_max_tokens and retrieve_max_tokens must be >= 1, got {top_k}, "
                              f"{memo_max_tokens}, {retrieve_max_tokens}")
+        if listed_tokens < 0 or (listed_tokens and count_tokens is None):
+            raise ValueError(f"memochat: listed_tokens must be >= 0 (0: every memo) and needs count_tokens, got "
+                             f"{listed_tokens}")
         self.top_k, self.memo_max_tokens, self.retrieve_max_tokens = top_k, memo_max_tokens, retrieve_max_tokens
+        self.listed_tokens, self.count_tokens = listed_tokens, count_tokens
         self.memos: dict[str, list[Memo]] = {}
-        self.stats = {"memos": 0, "retrievals": 0, "none_picked": 0, "cut_to_top_k": 0}
+        self.stats = {"memos": 0, "retrievals": 0, "none_picked": 0, "cut_to_top_k": 0, "memos_not_listed": 0}
 
     def forget_all(self) -> None:
         self.memos.clear()
@@ -101,7 +105,7 @@ class MemoChatAgent(BaselineAgent):
 
     def recall(self, user_id: str, queries: Sequence[Query], *, final: bool) -> list[MemoryChoice]:
         """One retrieval request per query, all in one back-end call; the first top_k picks are shown."""
-        memos = self.memos.get(user_id, [])
+        memos = self.listed(self.memos.get(user_id, []))
         if not memos:
             return [NO_MEMORY for _ in queries]
         ids = [str(i) for i in range(len(memos))]
@@ -124,9 +128,24 @@ class MemoChatAgent(BaselineAgent):
                                   for i in picked]))
         return out
 
+    def listed(self, memos: Sequence[Memo]) -> list[Memo]:
+        """The memos a retrieval request lists: every one, or with `listed_tokens` the newest whose texts fit that
+        many tokens together (a small generator's window holds fewer than a long conversation's memos)."""
+        if not self.listed_tokens:
+            return list(memos)
+        kept, used = [], 0
+        for memo in reversed(memos):
+            used += self.count_tokens(memo.text)
+            if used > self.listed_tokens:
+                break
+            kept.append(memo)
+        self.stats["memos_not_listed"] += len(memos) - len(kept)
+        return kept[::-1]
+
     def provenance(self) -> dict[str, Any]:
         return {**super().provenance(), "top_k": self.top_k, "memo_max_tokens": self.memo_max_tokens,
-                "retrieve_max_tokens": self.retrieve_max_tokens, "stats": self.stats}
+                "retrieve_max_tokens": self.retrieve_max_tokens, "listed_tokens": self.listed_tokens,
+                "stats": self.stats}
 
 
 def build(ctx: Any) -> tuple[MemoChatAgent, dict[str, Any]]:
@@ -136,5 +155,6 @@ def build(ctx: Any) -> tuple[MemoChatAgent, dict[str, Any]]:
     agent = MemoChatAgent(ctx.generator, user_speaker=user_speaker_of(ctx.config), top_k=int(settings["top_k"]),
                           memo_max_tokens=int(block["memo_max_tokens"]),
                           retrieve_max_tokens=int(block["retrieve_max_tokens"]),
-                          reply=ReplySettings.from_config(ctx.config))
+                          reply=ReplySettings.from_config(ctx.config), listed_tokens=int(block["listed_tokens"]),
+                          count_tokens=ctx.count_tokens)
     return agent, agent.provenance()

@@ -96,6 +96,7 @@ class LocalBackend:
         templated = bool(getattr(self.tokenizer, "chat_template", None))
         rendered = [self._render(r) for r in requests]
         lengths = [len(self.tokenizer(p, add_special_tokens=not templated)["input_ids"]) for p in rendered]
+        self._check_window(requests, lengths)
         chunks = [(key, chunk) for key, idx in groups.items() for chunk in self._chunks(idx, lengths)]
         for (max_tokens, temperature), idx in chunks:
             prompts = [rendered[i] for i in idx]
@@ -115,6 +116,18 @@ class LocalBackend:
                 out[i] = LLMResponse.answering(requests[i], text, prompt_tokens=n_in, output_tokens=n_out,
                                                latency_s=latency)
         return [r for r in out if r is not None]
+
+    def _check_window(self, requests: Sequence[LLMRequest], lengths: Sequence[int]) -> None:
+        """Refuse, before any work, a request whose prompt fills the model's window: past it the positions are
+        untrained and the attention of that one row alone can exhaust memory (a server refuses it too)."""
+        window = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        if window is None:
+            return
+        for i, n in enumerate(lengths):
+            if n >= window:
+                raise ValueError(f"local back end: request {i} (task {requests[i].task!r}) has {n} prompt "
+                                 f"tokens, at or beyond the model's {window}-token window (max_position_embeddings); "
+                                 "shorten what the prompt lists")
 
     def _sample_seed(self, prompt: str, max_tokens: int, temperature: float) -> int:
         """A request's sampling seed (uint32): the back end's seed and what the model is given, hashed, so an

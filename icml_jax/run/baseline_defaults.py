@@ -42,6 +42,7 @@ BASELINE_DEFAULTS: dict[str, Any] = {
     "memochat": {
         "memo_max_tokens": 384,  # the topic memos of one session
         "retrieve_max_tokens": 64,  # the memo ids picked for a reply (at most top_k memos are shown)
+        "listed_tokens": 0,  # 0: a retrieval request lists every memo (MemoChat); n: the newest fitting n tokens
     },
     "ld_agent": {
         "relevance": "dense",  # dense (the encoder) | bm25: the semantic part of the event score

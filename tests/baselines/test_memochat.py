@@ -148,3 +148,25 @@ def test_selection_keeps_only_shown_ids_once_in_the_answers_order(items, n):
 
 def test_two_users_memos_never_mix():
     check_two_users_never_mix(MemoChatAgent(Recording(), user_speaker=USER))
+
+
+def test_listed_tokens_keeps_the_newest_memos_that_fit():
+    """With `listed_tokens` a retrieval request lists only the newest memos whose texts fit that many tokens (here a
+    word count), so a long conversation's memos stay within a small generator's window; 0 lists every memo."""
+    words = lambda text: len(text.split())  # noqa: E731
+    gen = Recording()
+    every = MemoChatAgent(gen, user_speaker=USER, top_k=2)
+    play(every, EPISODE)
+    memos = every.memos[EPISODE.episode_id]
+    sizes = [words(m.text) for m in memos]
+    budget = sizes[-1] + sizes[-2]  # the last two fit, the third from last does not
+    assert every.listed(memos) == memos and every.stats["memos_not_listed"] == 0
+    gen = Recording()
+    cut = MemoChatAgent(gen, user_speaker=USER, top_k=2, listed_tokens=budget, count_tokens=words)
+    play(cut, EPISODE)
+    assert cut.listed(memos) == memos[-2:]
+    targets = gen.tasks(prompts.TASK_MEMOCHAT_RETRIEVE)[-1]
+    assert [m["id"] for m in targets.metadata["memos"]] == ["0", "1"]  # the two listed, renumbered
+    assert cut.stats["memos_not_listed"] > 0 and cut.provenance()["listed_tokens"] == budget
+    with pytest.raises(ValueError, match="listed_tokens must be >= 0 .* needs count_tokens"):
+        MemoChatAgent(gen, user_speaker=USER, listed_tokens=10)

@@ -180,3 +180,21 @@ def test_loglik_matches_transformers_loss_on_the_same_prompts(model_dir):
             loss = float(hf(input_ids=ids, labels=labels).loss)
         assert answer.tokens == len(cont) and answer.prompt_tokens == len(prompt)
         np.testing.assert_allclose(answer.nll, loss, rtol=2e-5, atol=2e-5)
+
+
+def test_a_prompt_beyond_the_models_window_is_refused_before_any_work(model_dir, monkeypatch):
+    """The fixture's window is 256 tokens: a prompt of about 300 is one error naming the request, its task and the
+    window, and nothing runs (a row alone past the window is what ran LoCoMo's MemoChat out of memory)."""
+    from icml_jax.models import sampler
+
+    backend = make_backend({"kind": "local", "model_dir": str(model_dir), "dtype": "float32"})
+    calls = []
+    monkeypatch.setattr(sampler, "generate", lambda *a, **kw: calls.append(1))
+    long = LLMRequest(" ".join(["dog"] * 300), max_output_tokens=4, task="memochat_retrieve")
+    with pytest.raises(ValueError, match=r"request 1 \(task 'memochat_retrieve'\) has \d+ prompt tokens, at or "
+                                         r"beyond the model's 256-token window"):
+        backend.generate([LLMRequest("hello", max_output_tokens=4), long])
+    assert calls == []
+    fits = LLMRequest(" ".join(["dog"] * 200), max_output_tokens=4)
+    monkeypatch.undo()
+    assert len(backend.generate([fits])) == 1
