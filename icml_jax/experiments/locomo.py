@@ -165,9 +165,10 @@ def run_system(config: ml_collections.ConfigDict, settings: LocomoSettings, out_
              if settings.judge or system == OURS_ONLINE else None)
     factory = _factory(system, policy_dir)
     with MemoryStore() as store:
-        agent = None
+        agent, provenance = None, None
         if factory is not None:
-            agent, _ = factory(EvalContext(config, policy_dir or out_dir, writer, judge, store, tokenizer, count))
+            agent, provenance = factory(EvalContext(config, policy_dir or out_dir, writer, judge, store, tokenizer,
+                                                    count))
             agent.name = system
         rows, ingested = play_qa(agent, list(episodes), writer, user_speaker=settings.user_speaker,
                                  count_tokens=count, answered=answered_selector(settings), seed=settings.question_seed,
@@ -178,7 +179,9 @@ def run_system(config: ml_collections.ConfigDict, settings: LocomoSettings, out_
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     content = {"system": system, "summary": scoring.summarize(rows), "questions": len(rows),
                "ingested": ingested, "judge_unusable": unusable,
-               "verbatim_notes": getattr(writer, "notes", None), "setting": setting}
+               "verbatim_notes": getattr(writer, "notes", None),
+               "agent": provenance,  # its live counters (e.g. a baseline's malformed answers) hold the run's counts
+               "setting": setting}
     done.write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return content
 

@@ -330,6 +330,9 @@ def test_locomo_asks_every_system_every_question_and_tests_them_in_pairs(workdir
                 assert row["f1"] == locomo_scoring.locomo_f1(row["prediction"], row["answer"] or "",
                                                              row["category"])
             assert row["evidence_recall"] == locomo_scoring.evidence_recall(row["evidence"], row["reached"])
+    # each system's own record (a baseline's malformed-answer counts) is kept beside its rows
+    dense = json.loads((workdir / "seed0" / "locomo_dense@1" / "results.json").read_text(encoding="utf-8"))["agent"]
+    assert dense["baseline"] == "dense" and dense["malformed_answers"] == {}
     tests = content["extra"]["paired_tests"]
     assert {"ours vs no_memory: evidence_recall", "dense@1 vs ours: f1"} <= set(tests)
     assert "Published LoCoMo numbers" in files["md"].read_text(encoding="utf-8")
