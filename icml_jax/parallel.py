@@ -61,7 +61,8 @@ def default_config() -> ml_collections.ConfigDict:
 @dataclasses.dataclass(frozen=True)
 class ParallelConfig:
     """The `parallel` block typed: the mesh shape, the logical-axis rules and how the processes join; a key the
-    block leaves out takes `default_config()`'s value (the one place these defaults are written)."""
+    block (or its mesh / distributed part) leaves out takes `default_config()`'s value (the one place these
+    defaults are written)."""
 
     mesh: Mapping[str, int]
     rules: tuple[tuple[str, str | tuple[str, ...] | None], ...]
@@ -75,9 +76,8 @@ class ParallelConfig:
         unknown = sorted(set(given) - set(defaults))
         if unknown:
             raise ValueError(f"config.parallel: unknown key(s) {unknown}; known: {sorted(defaults)}")
-        values = {**defaults, **given}
-        return cls(mesh=dict(values["mesh"]), rules=rules_from(values["rules"]),
-                   distributed=dict(values["distributed"]))
+        mesh, distributed = ({**defaults[k], **dict(given.get(k) or {})} for k in ("mesh", "distributed"))
+        return cls(mesh=mesh, rules=rules_from(given.get("rules", defaults["rules"])), distributed=distributed)
 
 
 def rules_from(rules: Any) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:

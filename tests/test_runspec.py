@@ -141,6 +141,7 @@ def test_the_parallel_lora_and_baselines_blocks_are_typed_once(tmp_path):
     assert parallel.ParallelConfig.from_config(None) == spec.parallel  # no block: default_config()'s values
     partial = parallel.ParallelConfig.from_config({"mesh": {"data": 2, "fsdp": 1, "tensor": 1}})
     assert partial.mesh["data"] == 2 and partial.rules == parallel.DEFAULT_RULES
+    assert parallel.ParallelConfig.from_config({"mesh": {"tensor": 2}}).mesh == {"data": 1, "fsdp": -1, "tensor": 2}
     with pytest.raises(ValueError, match=r"config.parallel: unknown key\(s\) \['meshes'\]"):
         parallel.ParallelConfig.from_config({"meshes": {}})
     config = load_config("demo")
