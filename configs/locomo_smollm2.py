@@ -44,6 +44,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.experiments.locomo = ml_collections.ConfigDict(dict(
         file=str(shared_data_dir() / "locomo" / "locomo7.json"),
         conversations=placeholder(int),  # None: all of the file's
+        sessions=placeholder(int),  # None: every session; n: each conversation's first n and their questions
         answered=ANSWERED,
         question_seed=0,
         user_speaker=placeholder(str),  # None: both speakers' turns build memory

@@ -26,7 +26,7 @@ import ml_collections
 
 from icml_jax.baselines import baseline_factory
 from icml_jax.configlib import config_differences
-from icml_jax.data.sources.locomo import parse_locomo
+from icml_jax.data.sources.locomo import first_sessions, parse_locomo
 from icml_jax.data.sources.longmemeval import parse_longmemeval
 from icml_jax.evaluate import EvalContext, build_tokenizer, policy_factory
 from icml_jax.evaluation import locomo_scoring as scoring
@@ -58,6 +58,8 @@ class LocomoSettings:
 
     file: str | None = None  # the LoCoMo JSON (the release's locomo10.json or shared/data/locomo/locomo7.json)
     conversations: int | None = None  # the first n conversations (None: all)
+    sessions: int | None = None  # each conversation's first n sessions and only the questions whose evidence
+    # lies in them (`first_sessions`; None: all): a cut for systems that cost a generation per turn
     answered: int | None = None  # per conversation, a seeded draw of n questions the generator answers (None: all);
     # every question is recalled for (evidence recall)
     question_seed: int = 0
@@ -85,6 +87,13 @@ class LocomoSettings:
         if settings.format not in FORMATS:
             raise ValueError(f"config.experiments.locomo.format must be one of {list(FORMATS)} (how the file is "
                              f"read), got {settings.format!r}")
+        if settings.sessions is not None:
+            if isinstance(settings.sessions, bool) or not isinstance(settings.sessions, int) or settings.sessions < 1:
+                raise ValueError(f"config.experiments.locomo.sessions must be a positive integer or None, got "
+                                 f"{settings.sessions!r}")
+            if settings.format != "locomo":
+                raise ValueError("config.experiments.locomo.sessions cuts LoCoMo conversations; a LongMemEval "
+                                 "question's haystack is not cut (format='longmemeval')")
         return settings
 
     def record(self) -> dict[str, Any]:
@@ -93,17 +102,20 @@ class LocomoSettings:
         d = dataclasses.asdict(self)
         if d["format"] == "locomo":
             del d["format"]
+        if d["sessions"] is None:
+            del d["sessions"]
         return d
 
 
 def conversations(settings: LocomoSettings) -> list:
-    """The episodes of the settings' file (the first `conversations` of them): LoCoMo conversations, or one
-    LongMemEval question each with `format="longmemeval"`."""
+    """The episodes of the settings' file (the first `conversations` of them, each cut to its first `sessions`):
+    LoCoMo conversations, or one LongMemEval question each with `format="longmemeval"`."""
     if settings.format not in FORMATS:
         raise ValueError(f"LocomoSettings.format must be one of {list(FORMATS)}, got {settings.format!r}")
     parse = parse_longmemeval if settings.format == "longmemeval" else parse_locomo
     episodes = list(parse(Path(settings.file).expanduser(), relpath=Path(settings.file).name))
-    return episodes[:settings.conversations] if settings.conversations else episodes
+    episodes = episodes[:settings.conversations] if settings.conversations else episodes
+    return [first_sessions(e, settings.sessions) for e in episodes] if settings.sessions else episodes
 
 
 def answered_selector(settings: LocomoSettings) -> Callable[[Any, list[QAItem]], list[bool]] | None:

@@ -20,6 +20,7 @@ from icml_jax.data.sources.locomo import (
     CATEGORIES,
     LocomoQuestion,
     evidence_refs,
+    first_sessions,
     parse_locomo,
     questions,
     split_evidence,
@@ -166,6 +167,25 @@ def test_fixture_questions_answers_and_evidence() -> None:
     with pytest.raises(KeyError, match="conv-1.*'D2:9'"):
         turn_ref(a, "D2:9")
     assert [LocomoQuestion.from_dict(json.loads(json.dumps(x.to_dict()))) for x in q] == q
+
+
+def test_first_sessions_keeps_the_questions_whose_evidence_it_keeps() -> None:
+    """A cut to n sessions keeps those sessions and exactly the questions answerable from them, ids unchanged."""
+    a, _ = parse_locomo(FIXTURE)
+    cut = first_sessions(a, 3)
+    assert cut.sessions == a.sessions[:3] and cut.episode_id == a.episode_id
+    kept = questions(cut)
+    # out: q[1] and q[8] (session 10), q[4] (an unresolved id), q[7] (session 9, and unresolved), q[9] (none)
+    assert [q.question_id for q in kept] == [f"conv-1/{i}" for i in (0, 2, 3, 5, 6, 10)]
+    every = questions(a)
+    expected = [q for q in every if q.evidence and not q.unresolved_evidence
+                and all(turn_ref(a, d).session < 3 for d in q.evidence)]
+    assert kept == expected and 0 < len(kept) < len(every)
+    assert first_sessions(a, len(a.sessions) + 5).sessions == a.sessions
+    assert questions(first_sessions(a, 10)) == [q for q in every if q.evidence and not q.unresolved_evidence]
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="positive integer"):
+            first_sessions(a, bad)
 
 
 @pytest.mark.parametrize(

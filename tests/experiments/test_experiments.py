@@ -366,6 +366,33 @@ def test_locomo_asks_every_system_every_question_and_tests_them_in_pairs(workdir
     ours.write_text(original, encoding="utf-8")
 
 
+def test_locomo_sessions_cuts_every_conversation_and_keeps_the_questions_it_can_answer():
+    """`experiments.locomo.sessions`: each conversation's first n sessions and the questions answerable from them;
+    recorded only when set (runs made before it are read back); a bad value is one error naming the key."""
+    import dataclasses
+
+    import ml_collections
+
+    from icml_jax.data.sources.locomo import first_sessions, questions
+    from icml_jax.experiments.locomo import LocomoSettings, conversations
+
+    fixture = ROOT / "tests" / "data" / "fixtures" / "locomo" / "locomo10.json"
+    block = lambda **kw: ml_collections.ConfigDict({"experiments": {"locomo": dict(file=str(fixture), **kw)}})  # noqa: E731
+    settings = LocomoSettings.from_config(block(sessions=2))
+    whole = conversations(dataclasses.replace(settings, sessions=None))
+    cut = conversations(settings)
+    assert [e.episode_id for e in cut] == [e.episode_id for e in whole] and len(cut) == 2
+    for c, w in zip(cut, whole, strict=True):
+        assert c.sessions == w.sessions[:2] and questions(c) == questions(first_sessions(w, 2))
+    assert sum(map(len, map(questions, cut))) < sum(map(len, map(questions, whole)))
+    assert settings.record()["sessions"] == 2 and "sessions" not in LocomoSettings.from_config(block()).record()
+    for bad in (0, True, "2"):
+        with pytest.raises(ValueError, match=r"experiments.locomo.sessions must be a positive integer"):
+            LocomoSettings.from_config(block(sessions=bad))
+    with pytest.raises(ValueError, match="LongMemEval"):
+        LocomoSettings.from_config(block(sessions=2, format="longmemeval"))
+
+
 def test_ours_online_learns_from_locomos_sessions_and_never_sees_a_question_answer_or_evidence(workdir, monkeypatch):
     """The learning arm: Algorithm 1 on each conversation's sessions, an update before its questions; no
     question, gold answer or evidence id reaches a decision, a training record or any back-end request."""

@@ -184,6 +184,19 @@ def without_labels(episode: Episode) -> Episode:
     return dataclasses.replace(episode, meta=meta)
 
 
+def first_sessions(episode: Episode, n: int) -> Episode:
+    """The episode cut to its first `n` sessions, with the questions whose evidence lies wholly in them (at least
+    one evidence turn, every id naming a kept turn, none unresolved): a shorter conversation none of whose
+    questions asks about what was cut. Questions keep their ids (``question_id``)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"first_sessions: n must be a positive integer, got {n!r}")
+    kept = dataclasses.replace(episode, sessions=episode.sessions[:n])
+    refs = turn_refs(kept)
+    inside = [q for q in questions(episode)
+              if q.evidence and not q.unresolved_evidence and all(d in refs for d in q.evidence)]
+    return dataclasses.replace(kept, meta={**episode.meta, QA_KEY: [q.to_dict() for q in inside]})
+
+
 def turn_refs(episode: Episode) -> dict[str, TurnRef]:
     """dia_id -> TurnRef (session index, turn index) for every turn of an episode that has a dia_id."""
     refs: dict[str, TurnRef] = {}
@@ -439,6 +452,7 @@ __all__ = [
     "QA_KEY",
     "LocomoQuestion",
     "evidence_refs",
+    "first_sessions",
     "locomo_record_to_episode",
     "parse_date_time",
     "parse_locomo",
