@@ -193,6 +193,7 @@ def run_system(config: ml_collections.ConfigDict, settings: LocomoSettings, out_
                "ingested": ingested, "judge_unusable": unusable,
                "verbatim_notes": getattr(writer, "notes", None),
                "agent": provenance,  # its live counters (e.g. a baseline's malformed answers) hold the run's counts
+               "updates": getattr(agent, "updates", None),  # ours_online: each PPO update's metrics, in order
                "setting": setting}
     done.write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return content

@@ -421,6 +421,9 @@ def test_ours_online_learns_from_locomos_sessions_and_never_sees_a_question_answ
     assert content["rows"]["ours_online"]["per_seed"]["0"]["evidence_recall"] is not None
     turns = sum(len(s.turns) for e in conversations for s in e.sessions)
     assert len(played) == turns and len(updates) == len(conversations) == 2  # every turn; one update each
+    stored = json.loads((workdir / "seed0" / "locomo_ours_online" / "results.json").read_text(encoding="utf-8"))
+    index = [u["update/index"] for u in stored["updates"]]  # each update's metrics kept with the rows
+    assert len(index) == 2 and index[1] == index[0] + 1
     assert all(not set(e.meta) & {"qa", "annotations"} for e, *_ in played)
     for record in (r for batch in updates for r in batch):
         assert not any(text in record.receipt.utterance for text in secret)
