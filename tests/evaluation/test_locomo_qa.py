@@ -145,3 +145,29 @@ def test_verbatim_notes_answer_condense_requests_with_the_turn_and_pass_the_rest
     assert other.text == inner.inner.generate([LLMRequest("hello")])[0].text
     with pytest.raises(ValueError, match="turn_text"):
         writer.generate([LLMRequest("note?", task=TASK_CONDENSE)])
+
+
+def test_judge_rows_fills_j_for_answered_categories_1_to_4_and_counts_unusable_verdicts():
+    """J: one judge call over the answered rows of categories 1-4; CORRECT / WRONG become True / False, a verdict
+    that parses as neither stays None and is counted; category 5 and unanswered rows are never sent."""
+    from icml_jax.evaluation.locomo_qa import judge_rows
+    from icml_jax.llm.types import LLMResponse
+
+    def row(category, answer, prediction, answered=True):
+        return dict(category=category, question="Where did Ann move?", answer=answer, prediction=prediction,
+                    answered=answered, judge=None)
+
+    rows = [row(1, "Paris, France", "She moved to Paris"), row(4, "Paris, France", "Berlin"),
+            row(2, "2022", "unsure", answered=False), row(5, None, "Not mentioned"), row(3, "a beagle", "x")]
+    sent = []
+
+    class Judge(OfflineBackend):
+        def generate(self, requests):
+            sent.extend(requests)
+            out = super().generate(requests)
+            return out[:-1] + [LLMResponse.answering(requests[-1], "no verdict here")]
+
+    assert judge_rows(rows, Judge()) == 1
+    assert [r["judge"] for r in rows] == [True, False, None, None, None]
+    assert len(sent) == 3 and all(r.task == scoring.TASK_LOCOMO_JUDGE for r in sent)
+    assert judge_rows([row(5, None, "x"), row(1, "y", "y", answered=False)], Judge()) == 0 and len(sent) == 3
